@@ -1,0 +1,240 @@
+"""Sessions of the mono monorepo, one family per package.
+
+CPU sessions (what `nox -s tests` and CI run): `lint`, `unit(<pkg>)`,
+`isolated(<model pkg>)`, `interp(<pkg>)`, `compile(<pkg>)`. GPU sessions, off
+by default: `kernels(<pkg>)`, `e2e(<pkg>)`, `bench(<model>)`. `demo` is the
+main job. Run one package alone with `nox -t mono-glm53` or
+`nox -s "unit(mono-glm53)"`.
+
+sglang 0.5.23 with its dependencies (torch 2.14.1, triton 3.8; ~8 minutes and
+~11 GB) is installed ONCE into a shared base environment
+(`$MONO_BASE_ENV`, default ~/.cache/mono/base-sglang-0.5.23); every session
+venv that needs it sees it through a .pth file, so sessions install only
+the mono packages themselves. `isolated` venvs see nothing of it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import nox
+
+ROOT = pathlib.Path(__file__).resolve().parent
+PKGS = ["mono-common", "mono-deepseek-v41", "mono-glm53", "mono-glm53-flash"]
+MODELS = PKGS[1:]
+BASE = pathlib.Path(os.environ.get("MONO_BASE_ENV", "~/.cache/mono/base-sglang-0.5.23")).expanduser()
+# Everything the CPU test sessions need from PyPI, installed once into BASE.
+BASE_REQUIREMENTS = [
+    "sglang==0.5.23",
+    "pytest>=8",
+    "hatchling>=1.27",
+    "editables>=0.5",
+    "build>=1.2",
+    "matplotlib>=3.8",
+]
+# amd-aiter is a pure-Python ROCm JIT wheel; only its shuffle_weight is used
+# (loaded by file path), so its dependencies are not wanted.
+BASE_NO_DEPS = ["amd-aiter==0.1.7.post2.dev18"]
+REPORTS = ROOT / ".nox-reports"
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_venv = "yes"
+
+
+def _pkg_dir(pkg: str) -> pathlib.Path:
+    return ROOT / "packages" / pkg
+
+
+def _has_tests(pkg: str, kind: str) -> bool:
+    return any((_pkg_dir(pkg) / "tests" / kind).glob("test_*.py"))
+
+
+def _params(pkgs: list[str]) -> list:
+    return [nox.param(p, id=p, tags=[p]) for p in pkgs]
+
+
+def _entry_point(pkg: str) -> str | None:
+    data = tomllib.loads((_pkg_dir(pkg) / "pyproject.toml").read_text())
+    eps = data.get("project", {}).get("entry-points", {}).get("sglang.srt.plugins", {})
+    if len(eps) > 1:
+        raise ValueError(f"{pkg} declares {len(eps)} sglang.srt.plugins entry points; one is allowed")
+    return next(iter(eps), None)
+
+
+def _base_python() -> pathlib.Path:
+    return BASE / "bin" / "python"
+
+
+def ensure_base(session: nox.Session) -> None:
+    """Create or update the shared base environment holding sglang (once per machine)."""
+    stamp = "\n".join(BASE_REQUIREMENTS + BASE_NO_DEPS + [sys.version.split()[0]])
+    marker = BASE / ".mono-base-ready"
+    if marker.exists() and marker.read_text() == stamp:
+        return
+    BASE.parent.mkdir(parents=True, exist_ok=True)
+    with open(BASE.parent / f".{BASE.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.exists() and marker.read_text() == stamp:
+            return
+        session.log(f"installing the shared base environment at {BASE} (sglang: ~8 minutes once)")
+        if not _base_python().exists():
+            subprocess.run([sys.executable, "-m", "venv", str(BASE)], check=True)
+        pip = [str(_base_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run(pip + BASE_REQUIREMENTS, check=True)
+        subprocess.run(pip + ["--no-deps"] + BASE_NO_DEPS, check=True)
+        marker.write_text(stamp)
+
+
+def link_base(session: nox.Session) -> None:
+    """Make the session venv see the base environment's packages through a .pth file."""
+    ensure_base(session)
+    code = "import sys, sysconfig; print(sysconfig.get_paths()['purelib']); print('%d.%d' % sys.version_info[:2])"
+    mine = session.run("python", "-c", code, silent=True).split()
+    theirs = subprocess.run([str(_base_python()), "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    if mine[1] != theirs[1]:
+        session.error(f"the session runs Python {mine[1]} but the base environment is {theirs[1]}: run nox with Python {theirs[1]}")
+    pathlib.Path(mine[0], "mono-base.pth").write_text(theirs[0] + "\n")
+
+
+def install_editable(session: nox.Session, *pkgs: str) -> None:
+    args = []
+    for p in dict.fromkeys(("mono-common",) + pkgs):
+        args += ["-e", str(_pkg_dir(p))]
+    session.run("python", "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                "--disable-pip-version-check", *args)
+
+
+def run_pytest(session: nox.Session, pkg: str, kind: str, *extra: str) -> None:
+    REPORTS.mkdir(exist_ok=True)
+    report = REPORTS / f"{kind}-{pkg}.xml"
+    session.chdir(_pkg_dir(pkg))
+    # exit 5 (no test collected) fails the session: a session that tests nothing is a bug.
+    session.run("python", "-m", "pytest", f"tests/{kind}", "-q", "-rs", f"--junitxml={report}",
+                *extra, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the repo, and proof that the no-sibling-import rule fires."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    models = {"mono-glm53": "mono_glm53", "mono-glm53-flash": "mono_glm53_flash",
+              "mono-deepseek-v41": "mono_deepseek_v41"}
+    for pkg, own in models.items():
+        siblings = [m for m in models.values() if m != own]
+        probe = f"import {siblings[0]}\nfrom {siblings[1]} import ARCHITECTURE\n"
+        fake = f"packages/{pkg}/src/{own}/_lint_probe.py"
+        result = subprocess.run(["ruff", "check", "--stdin-filename", fake, "--select", "TID251", "-"],
+                                input=probe, capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, "PATH": session.bin + os.pathsep + os.environ["PATH"]})
+        if result.returncode == 0 or result.stdout.count("TID251") < 2:
+            session.error(f"the banned sibling import rule did not fire in {pkg}:\n{result.stdout}{result.stderr}")
+    session.log("sibling-import rule fires in every model package")
+
+
+@nox.session(tags=["cpu"])
+@nox.parametrize("pkg", _params(PKGS))
+def unit(session: nox.Session, pkg: str) -> None:
+    """CPU unit tests of one package against the real sglang 0.5.23."""
+    link_base(session)
+    install_editable(session, pkg)
+    run_pytest(session, pkg, "unit")
+
+
+@nox.session(tags=["cpu"])
+@nox.parametrize("pkg", _params(MODELS))
+def isolated(session: nox.Session, pkg: str) -> None:
+    """Wheels of mono-common and ONE model package in a bare venv: no siblings, no torch/sglang."""
+    ensure_base(session)
+    wheels = pathlib.Path(session.create_tmp()) / "wheels"
+    if wheels.exists():
+        for old in wheels.iterdir():
+            old.unlink()
+    for p in ("mono-common", pkg):
+        session.run(str(_base_python()), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(wheels),
+                    str(_pkg_dir(p)), external=True, silent=True)
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *PKGS, success_codes=[0, 1])
+    session.run("python", "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
+                "--disable-pip-version-check", pkg)
+    ep = _entry_point(pkg)
+    session.run("python", "-m", "mono_common.isolation", pkg, *(["--entry-point", ep] if ep else []))
+
+
+@nox.session(tags=["cpu"])
+@nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "interp")]))
+def interp(session: nox.Session, pkg: str) -> None:
+    """Kernels in staged mode under the Triton interpreter, at tiny shapes, against the reference."""
+    link_base(session)
+    install_editable(session, pkg)
+    session.env["TRITON_INTERPRET"] = "1"
+    run_pytest(session, pkg, "interp")
+
+
+@nox.session(name="compile", tags=["cpu"])
+@nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "compile")]))
+def compile_(session: nox.Session, pkg: str) -> None:
+    """Every kernel variant compiled for gfx950 and sm_90 on the CPU, with resource budgets."""
+    link_base(session)
+    install_editable(session, pkg)
+    run_pytest(session, pkg, "compile", "-s")
+
+
+@nox.session(default=False, tags=["gpu"])
+@nox.parametrize("pkg", _params(PKGS))
+def kernels(session: nox.Session, pkg: str) -> None:
+    """GPU tests at real shapes (needs a GPU; fails rather than skips without one)."""
+    link_base(session)
+    install_editable(session, pkg)
+    run_pytest(session, pkg, "kernels", "--require-gpu")
+
+
+@nox.session(default=False, tags=["gpu"])
+@nox.parametrize("pkg", _params(MODELS))
+def e2e(session: nox.Session, pkg: str) -> None:
+    """Served-model tests (GPUs, checkpoint and a launched SGLang server)."""
+    link_base(session)
+    install_editable(session, pkg)
+    run_pytest(session, pkg, "e2e", "--run-e2e", "--require-gpu")
+
+
+@nox.session(default=False, tags=["gpu"])
+@nox.parametrize("model", [nox.param("glm53", id="glm53")])
+def bench(session: nox.Session, model: str) -> None:
+    """`mono bench <model>` on the GPU: unfused path, monokernel, floor; JSON and PNG."""
+    link_base(session)
+    install_editable(session, "mono-glm53")
+    session.run("mono", "bench", model, *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: `mono doctor`, then one covered GLM-5.3 layer on the tiny config."""
+    link_base(session)
+    install_editable(session, "mono-glm53")
+    session.run("mono", "doctor")
+    demo_module = _pkg_dir("mono-glm53") / "src" / "mono_glm53" / "demo.py"
+    if demo_module.exists():
+        session.run("python", "-m", "mono_glm53.demo", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """Every CPU session: lint, unit, isolated, interp and compile for every package."""
+    if REPORTS.exists():
+        for old in REPORTS.glob("*.xml"):
+            old.unlink()
+    session.notify("lint")
+    for pkg in PKGS:
+        session.notify(f"unit({pkg})")
+    for pkg in MODELS:
+        session.notify(f"isolated({pkg})")
+    for pkg in PKGS:
+        if _has_tests(pkg, "interp"):
+            session.notify(f"interp({pkg})")
+        if _has_tests(pkg, "compile"):
+            session.notify(f"compile({pkg})")

@@ -1,0 +1,1 @@
+"""Triton device helpers (guarded waits, epochs, all-reduce) shared by every model kernel."""

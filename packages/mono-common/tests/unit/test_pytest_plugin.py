@@ -1,0 +1,62 @@
+"""The pytest plugin's markers, folder marks, GPU skips, --require-gpu and --run-e2e."""
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+GPU_TEST = "import pytest\n@pytest.mark.gpu\ndef test_needs_gpu():\n    assert True\n"
+E2E_TEST = "def test_served():\n    assert True\n"
+KERNEL_TEST = "def test_kernel():\n    assert True\n"
+
+
+@pytest.fixture
+def tester(pytester, monkeypatch):
+    monkeypatch.setenv("MONO_FORCE_NO_GPU", "1")
+    from mono_common.testing import pytest_plugin
+
+    pytest_plugin.gpu_description.cache_clear()
+    yield pytester
+    pytest_plugin.gpu_description.cache_clear()
+
+
+def _run(tester, *args):
+    return tester.runpytest_subprocess("-p", "mono_common.testing.pytest_plugin", "--strict-markers", *args)
+
+
+def test_gpu_tests_skip_without_a_gpu(tester):
+    tester.makepyfile(test_g=GPU_TEST)
+    _run(tester, "-rs").assert_outcomes(skipped=1)
+
+
+def test_require_gpu_turns_the_skip_into_a_failure(tester):
+    tester.makepyfile(test_g=GPU_TEST)
+    result = _run(tester, "--require-gpu")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--require-gpu was given but no CUDA/HIP device is visible*"])
+
+
+def test_folders_mark_tests(tester):
+    tester.mkpydir("tests")
+    for folder, body in (("kernels", KERNEL_TEST), ("e2e", E2E_TEST), ("unit", KERNEL_TEST)):
+        d = tester.path / "tests" / folder
+        d.mkdir()
+        (d / f"test_{folder}.py").write_text(body)
+    _run(tester, "tests").assert_outcomes(passed=1, skipped=2)
+    _run(tester, "tests", "-m", "not gpu").assert_outcomes(passed=1, deselected=2)
+    _run(tester, "tests", "-m", "kernels").assert_outcomes(skipped=1, deselected=2)
+
+
+def test_e2e_runs_only_with_run_e2e(tester):
+    tester.makepyfile(test_e="import pytest\n@pytest.mark.e2e\ndef test_served():\n    assert True\n")
+    result = _run(tester, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*pass --run-e2e*"])
+    # With --run-e2e it still needs a GPU (e2e implies a served model on GPUs).
+    tester.makepyfile(test_f="import pytest\n@pytest.mark.e2e\n@pytest.mark.gpu\ndef test_g():\n    assert True\n")
+    _run(tester, "--run-e2e", "--require-gpu", "test_f.py").assert_outcomes(errors=1)
+    _run(tester, "--run-e2e", "test_f.py").assert_outcomes(skipped=1)
+
+
+def test_markers_are_registered(tester):
+    tester.makepyfile(test_m="import pytest\n@pytest.mark.interp\n@pytest.mark.compile\ndef test_x():\n    assert True\n")
+    _run(tester).assert_outcomes(passed=1)

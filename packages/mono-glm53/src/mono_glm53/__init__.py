@@ -1,0 +1,16 @@
+"""mono-glm53: the GLM-5.3 (GlmMoeDsaForCausalLM) monokernel plugin for SGLang.
+
+Importing this package imports neither torch, triton nor sglang: SGLang runs
+the entry point (`mono_glm53.plugin:register`) in every process. The spec,
+kernels and reference live in submodules that import their heavy
+dependencies themselves.
+"""
+
+from mono_glm53.__about__ import __version__
+
+ARCHITECTURE = "GlmMoeDsaForCausalLM"
+HAS_SPEC = True
+# Modules whose SGLANG_READS the contract test and `mono doctor` resolve.
+CONTRACT_MODULES = ("mono_glm53.plugin",)
+
+__all__ = ["ARCHITECTURE", "CONTRACT_MODULES", "HAS_SPEC", "__version__"]
