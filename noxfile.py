@@ -37,9 +37,11 @@ BASE_REQUIREMENTS = [
     "build>=1.2",
     "matplotlib>=3.8",
 ]
-# amd-aiter is a pure-Python ROCm JIT wheel; only its shuffle_weight is used
-# (loaded by file path), so its dependencies are not wanted.
-BASE_NO_DEPS = ["amd-aiter==0.1.7.post2.dev18"]
+# amd-aiter is a pure-Python ROCm JIT wheel whose shuffle_weight the layout tests
+# compare against. It is downloaded, never installed: installed, its __init__
+# raises RuntimeError without ROCm, which breaks `import sglang.srt.layers.quantization`.
+AITER = "amd-aiter==0.1.7.post2.dev18"
+AITER_DIR = BASE.parent / "aiter-wheel"
 REPORTS = ROOT / ".nox-reports"
 
 nox.options.sessions = ["tests"]
@@ -72,7 +74,7 @@ def _base_python() -> pathlib.Path:
 
 def ensure_base(session: nox.Session) -> None:
     """Create or update the shared base environment holding sglang (once per machine)."""
-    stamp = "\n".join(BASE_REQUIREMENTS + BASE_NO_DEPS + [sys.version.split()[0]])
+    stamp = "\n".join(BASE_REQUIREMENTS + [AITER, sys.version.split()[0]])
     marker = BASE / ".mono-base-ready"
     if marker.exists() and marker.read_text() == stamp:
         return
@@ -86,8 +88,17 @@ def ensure_base(session: nox.Session) -> None:
             subprocess.run([sys.executable, "-m", "venv", str(BASE)], check=True)
         pip = [str(_base_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(pip + BASE_REQUIREMENTS, check=True)
-        subprocess.run(pip + ["--no-deps"] + BASE_NO_DEPS, check=True)
+        subprocess.run([str(_base_python()), "-m", "pip", "uninstall", "-q", "-y", "amd-aiter"], check=False)
+        subprocess.run([str(_base_python()), "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
+                        "-d", str(AITER_DIR), AITER], check=True)
         marker.write_text(stamp)
+
+
+def aiter_wheel() -> pathlib.Path:
+    wheels = sorted(AITER_DIR.glob("amd_aiter-*.whl"))
+    if not wheels:
+        raise RuntimeError(f"no amd-aiter wheel in {AITER_DIR}: delete {BASE / '.mono-base-ready'} and rerun")
+    return wheels[-1]
 
 
 def link_base(session: nox.Session) -> None:
@@ -143,6 +154,7 @@ def unit(session: nox.Session, pkg: str) -> None:
     """CPU unit tests of one package against the real sglang 0.5.23."""
     link_base(session)
     install_editable(session, pkg)
+    session.env["MONO_AITER_WHEEL"] = str(aiter_wheel())
     run_pytest(session, pkg, "unit")
 
 

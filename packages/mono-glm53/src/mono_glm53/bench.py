@@ -1,0 +1,333 @@
+"""`mono bench glm53`: time one GLM-5.3 MoE decode layer at real shapes on random weights.
+
+For each shape (the whole layer at TP1, and one rank's shard at TP8), context (4096, 65536)
+and width (1..8 rows, one request each), every registered *path* is captured in one CUDA graph
+and timed as the median of graph replays. Beside it: the path's kernel count (kernels in one
+profiled replay), the floor (bytes the step must read / 4.25 TB/s, the H200's measured copy
+bandwidth) and the fraction of the floor reached (floor time / measured time).
+
+Bytes that must be read (activations neglected):
+* this rank's weights: every non-expert FP8 weight + its scales, the bf16 tensors used
+  (norms, router, w_kc/w_vc, index weights), the shared expert, and the routed experts the
+  batch actually selects: the distinct expert ids of that run's routing (random weights route
+  ~uniformly, so this is close to E * (1 - (1 - k/E) ** rows));
+* per row: the sparse attention's KV, min(ctx, 2048) x 576 x 2 bytes, and the indexer's
+  index-K, ctx x 132 bytes.
+
+Paths. `PATHS` maps a name to a builder `builder(case) -> step`, where `step()` runs one
+decode layer on `case`'s static buffers (so it can be graph-captured). "unfused" is the
+reference (`reference.decoder_layer`) run op by op on CUDA: FP8 GEMMs through torch's
+block-scaled `scaled_mm` (1x128 activation / 128x128 weight scales, DeepGEMM's recipe) where
+a startup probe shows it runs and agrees with the fp32 dequantised GEMM (activation rows are
+zero-padded to a multiple of 4, which cuBLAS needs), else through that fp32 GEMM (on the H200
+with torch 2.11 only the TP8 expert down projection, K = 256, falls back). The routed experts
+gather each (row, slot)'s expert weights and loop over slots, so the unfused kernel count
+grows with the width. A kernel adds itself with `register_path("mono", builder)`: the builder
+gets a `BenchCase` and returns a zero-argument step that must be CUDA-graph capturable.
+
+The TP8 shard runs one rank alone: its all-reduce points are identity (no collective time).
+The GPU machine has no sglang: this module imports none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from . import fp8 as fp8_mod
+from .config import REAL, GlmLayerShape, tiny
+from .reference import DecodeInputs, LayerCaches, decoder_layer
+from .weights import make_caches, make_weights, weight_bytes
+
+__all__ = ["BenchCase", "PATHS", "register_path", "floor_bytes", "main", "HBM_BYTES_PER_S"]
+
+HBM_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts.md)
+
+
+@dataclass
+class BenchCase:
+    """Everything a path needs for one (shape, context, width) point; buffers are static."""
+
+    shape: GlmLayerShape
+    weights: dict[str, torch.Tensor]
+    inputs: DecodeInputs
+    caches: LayerCaches
+    hidden: torch.Tensor
+    residual: torch.Tensor
+    context: int
+    width: int
+
+
+PathBuilder = Callable[[BenchCase], Callable[[], object]]
+PATHS: dict[str, PathBuilder] = {}
+
+
+def register_path(name: str, builder: PathBuilder) -> None:
+    """Add a path to the table (e.g. the monokernel: `register_path("mono", build_mono)`)."""
+    PATHS[name] = builder
+
+
+def _unfused(case: BenchCase) -> Callable[[], object]:
+    def step():
+        return decoder_layer(case.hidden, case.residual, case.inputs, case.caches, case.weights, case.shape)
+
+    return step
+
+
+register_path("unfused", _unfused)
+
+
+def floor_bytes(case: BenchCase, distinct_experts: int) -> dict[str, int]:
+    s = case.shape
+    w = weight_bytes(case.weights, s, distinct_experts)
+    kv = case.width * min(case.context, s.index_topk) * s.kv_cache_dim * 2
+    ik = case.width * case.context * s.index_k_token_bytes
+    return {"weights": w, "kv": kv, "index_k": ik, "total": w + kv + ik}
+
+
+def _sub_inputs(inp: DecodeInputs, n: int) -> DecodeInputs:
+    return DecodeInputs(
+        positions=inp.positions[:n].clone(),
+        seq_lens=inp.seq_lens[:n].clone(),
+        req_pool_indices=inp.req_pool_indices[:n].clone(),
+        out_cache_loc=inp.out_cache_loc[:n].clone(),
+        req_to_token=inp.req_to_token,
+        max_seq_len=inp.max_seq_len,
+    )
+
+
+def _count_kernels(fn: Callable[[], object]) -> int | None:
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        n = 0
+        for e in prof.events():
+            if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+                name = e.name.lower()
+                if "memcpy" in name or "memset" in name:
+                    continue
+                n += 1
+        return n
+    except Exception as exc:  # profiler unavailable: report no count rather than a wrong one
+        print(f"kernel count failed: {exc}", file=sys.stderr)
+        return None
+
+
+def _time_path(step, case: BenchCase, device: str, warmup: int, replays: int) -> dict[str, object]:
+    out = step()  # eager: probes the FP8 GEMM backend per shape, fills lazy caches
+    step()
+    res: dict[str, object] = {}
+    if isinstance(out, object) and hasattr(out, "aux") and "topk_ids" in out.aux:
+        res["distinct_experts"] = int(torch.unique(out.aux["topk_ids"]).numel())
+    if device != "cuda":
+        ts = []
+        for _ in range(replays):
+            t0 = time.perf_counter()
+            step()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        res.update(us=statistics.median(ts), kernels=None, kernels_eager=None)
+        return res
+    torch.cuda.synchronize()
+    kernels_eager = _count_kernels(step)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(replays):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    kernels_graph = _count_kernels(graph.replay)
+    res.update(
+        us=statistics.median(ts),
+        us_min=min(ts),
+        kernels=kernels_graph if kernels_graph else kernels_eager,
+        kernels_graph=kernels_graph,
+        kernels_eager=kernels_eager,
+    )
+    del graph
+    return res
+
+
+def _shapes(names: list[str], use_tiny: bool) -> dict[str, GlmLayerShape]:
+    base = tiny() if use_tiny else REAL
+    # tiny has 4 heads: its widest shard is TP4, benchmarked under the "tp8" name.
+    table = {"tp1": base.tp_shard(1, 0), "tp8": base.tp_shard(4 if use_tiny else 8, 0)}
+    return {n: table[n] for n in names}
+
+
+def _plot(rows: list[dict], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        print(f"no plot: {exc}", file=sys.stderr)
+        return
+    keys = sorted({(r["shape"], r["context"]) for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
+    for ax, (shape, ctx) in zip(axes[0], keys):
+        sel = [r for r in rows if r["shape"] == shape and r["context"] == ctx]
+        for name in sorted({r["path"] for r in sel}):
+            pts = sorted((r["width"], r["us"]) for r in sel if r["path"] == name)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        fl = sorted({(r["width"], r["floor_us"]) for r in sel})
+        ax.plot([p[0] for p in fl], [p[1] for p in fl], "k--", label="floor (4.25 TB/s)")
+        ax.set_title(f"GLM-5.3 layer {shape}, ctx {ctx}")
+        ax.set_xlabel("rows (width)")
+        ax.set_ylabel("us per layer")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _table(rows: list[dict]) -> str:
+    head = f"{'shape':5} {'ctx':>6} {'w':>2} {'path':8} {'us':>9} {'kern':>5} {'floor_us':>9} {'frac':>6} {'experts':>7} {'MB':>8}"
+    lines = [head]
+    for r in rows:
+        k = r.get("kernels")
+        lines.append(
+            f"{r['shape']:5} {r['context']:>6} {r['width']:>2} {r['path']:8} {r['us']:>9.1f} "
+            f"{(k if k is not None else '-'):>5} {r['floor_us']:>9.1f} {r['fraction']:>6.3f} "
+            f"{r['distinct_experts']:>7} {r['bytes']['total'] / 1e6:>8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _meta(a, argv, t_start) -> dict:
+    return dict(
+        device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        torch=torch.__version__,
+        fp8_gemm=a.fp8_gemm,
+        scaled_mm_variant=fp8_mod.scaled_mm_variant(),
+        scaled_mm_shapes={str(k): v for k, v in fp8_mod._SCALED_MM_OK.items()},
+        hbm_bytes_per_s=HBM_BYTES_PER_S,
+        tiny=a.tiny,
+        seconds=time.time() - t_start,
+        command="python -m mono_glm53.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+    )
+
+
+def _write(out: str, meta: dict, rows: list[dict], errors: list[dict]) -> None:
+    with open(os.path.join(out, "glm53_bench.json"), "w") as f:
+        json.dump(dict(meta=meta, rows=rows, errors=errors), f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mono bench glm53", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench-glm53", help="folder for glm53_bench.json/.png")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke test)")
+    ap.add_argument("--widths", default="1,2,3,4,5,6,7,8")
+    ap.add_argument("--contexts", default=None, help="default 4096,65536 (tiny: 64,256)")
+    ap.add_argument("--shapes", default="tp1,tp8")
+    ap.add_argument("--paths", default=None, help="comma list of PATHS names (default all)")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--replays", type=int, default=30)
+    ap.add_argument("--fp8-gemm", default="auto", choices=("auto", "exact", "scaled_mm"))
+    ap.add_argument("--seed", type=int, default=None, help="default: fresh random weights")
+    ap.add_argument("--max-seconds", type=float, default=None, help="stop starting new points after this")
+    a = ap.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        ap.error("no CUDA device; use --device cpu --tiny")
+    fp8_mod.set_fp8_gemm_backend(a.fp8_gemm)
+    widths = [int(x) for x in a.widths.split(",")]
+    contexts = [int(x) for x in (a.contexts or ("64,256" if a.tiny else "4096,65536")).split(",")]
+    paths = a.paths.split(",") if a.paths else list(PATHS)
+    os.makedirs(a.out, exist_ok=True)
+    rows: list[dict] = []
+    errors: list[dict] = []
+    t_start = time.time()
+    for sname, s in _shapes(a.shapes.split(","), a.tiny).items():
+        t0 = time.time()
+        w = make_weights(s, device=a.device, seed=a.seed)
+        print(f"[{sname}] weights on {a.device} in {time.time() - t0:.1f}s", flush=True)
+        for ctx in contexts:
+            inp_all, caches = make_caches(s, max(widths), ctx, device=a.device, seed=a.seed)
+            g = torch.Generator(device=a.device)
+            g.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
+            hid_all = torch.randn(max(widths), s.hidden, device=a.device, generator=g).bfloat16()
+            res_all = torch.randn(max(widths), s.hidden, device=a.device, generator=g).bfloat16()
+            for width in widths:
+                case = BenchCase(
+                    shape=s,
+                    weights=w,
+                    inputs=_sub_inputs(inp_all, width),
+                    caches=caches,
+                    hidden=hid_all[:width].clone(),
+                    residual=res_all[:width].clone(),
+                    context=ctx,
+                    width=width,
+                )
+                for pname in paths:
+                    if a.max_seconds and time.time() - t_start > a.max_seconds:
+                        print(f"time budget reached, skipping {sname} ctx {ctx} w {width} {pname}")
+                        continue
+                    try:
+                        r = _time_path(PATHS[pname](case), case, a.device, a.warmup, a.replays)
+                    except Exception as exc:  # keep the other points; the row records the error
+                        print(f"FAILED {sname} ctx {ctx} w {width} {pname}: {exc!r}", flush=True)
+                        errors.append(dict(shape=sname, context=ctx, width=width, path=pname, error=repr(exc)))
+                        continue
+                    ne = r.get("distinct_experts", 0)
+                    fb = floor_bytes(case, ne)
+                    floor_us = fb["total"] / HBM_BYTES_PER_S * 1e6
+                    row = dict(
+                        shape=sname,
+                        tp_size=s.tp_size,
+                        context=ctx,
+                        width=width,
+                        path=pname,
+                        bytes=fb,
+                        floor_us=floor_us,
+                        fraction=floor_us / r["us"],
+                        **r,
+                    )
+                    rows.append(row)
+                    print(_table([row]).splitlines()[1], flush=True)
+                    _write(a.out, _meta(a, argv, t_start), rows, errors)
+                if a.device == "cuda":
+                    torch.cuda.empty_cache()
+            del caches
+        del w
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    meta = _meta(a, argv, t_start)
+    _write(a.out, meta, rows, errors)
+    _plot(rows, os.path.join(a.out, "glm53_bench.png"))
+    print(_table(rows))
+    print(json.dumps({k: meta[k] for k in ("device", "torch", "fp8_gemm", "scaled_mm_variant", "seconds")}))
+    for e in errors:
+        print("error:", e)
+    print("scaled_mm per (M,N,K,block):", meta["scaled_mm_shapes"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
