@@ -1,0 +1,32 @@
+"""Epochs: monotonic launch numbers kept in device memory, so graph replays need no reset.
+
+Each program owns one int32 epoch slot and bumps it itself at the start of every launch
+(`epoch_begin`), so every program of a launch agrees on the epoch without any host argument and
+a captured CUDA graph replays correctly. Counters only grow: a stage counter that N signals
+feed per launch reaches `epoch * N` at epoch `epoch` (`target`). All arithmetic is int32 and
+wraps; `wait_ge` compares with `cnt - target >= 0`, which stays right across the wrap as long as
+a counter never runs 2**31 ahead of its target.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def epoch_begin(epoch_slot_ptr):
+    """Advance and return this program's epoch (1 on the first launch after zeroing)."""
+    e = tl.load(epoch_slot_ptr) + 1
+    tl.store(epoch_slot_ptr, e)
+    return e
+
+
+@triton.jit
+def target(epoch, per_epoch):
+    """The value a counter fed `per_epoch` times per launch holds once launch `epoch` is done."""
+    return epoch * per_epoch
+
+
+@triton.jit
+def parity(epoch):
+    """0 or 1: which half of a double buffer launch `epoch` uses."""
+    return epoch & 1

@@ -1,0 +1,217 @@
+"""Guarded waits: poll device counters until a target, a deadline, or the abort flag.
+
+Every wait of a mono kernel goes through `wait_ge` (one counter) or `wait_all_ge` (a vector of
+counters, e.g. one flag per peer rank). Both return `ok`; a caller that gets False must stop
+(`if not ok: return`): the error word is already written and the abort flag raised.
+
+Portability: on gfx950 a scalar atomic or a volatile load polled in a loop has hung in Triton
+(anchors.md section 5: triton#11037, #11223, FlagTree#1051). Every poll here is a vector-shaped
+atomic over DISTINCT addresses (counter and abort flag in one 2-lane atomic, or one lane per
+counter), reduced with tl.sum/tl.min, so the backend never takes the single-lane path.
+
+Arguments shared by the helpers (the "guard" arguments, passed through unchanged by callers):
+  abort_ptr   *i32: this rank's abort flag (2 words: flag, spare), 0 until some program aborts
+  abort_tab   *i64: the address of every rank's abort flag, indexed by rank
+  err_ptr     *i64: this rank's error word (mono_common.errors layout), host-visible
+  rank, program: who is waiting (program = index inside this rank's part of the grid)
+  stage       an int naming the wait site in the error word
+  deadline    int64 ticks of clock CLOCK (mono_common.guard_host.deadline_ticks)
+  NRANK       constexpr, ranks sharing the abort protocol (1 for a single GPU)
+  CLOCK       constexpr clock id (mono_common.device.timer)
+  FAULT       constexpr: after the error word, store to address 0x0 so the process dies
+  SYS         constexpr: system scope (flags written by other GPUs) instead of gpu scope
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.device.timer import elapsed, now
+
+# Error-word slots and codes: the numbers of mono_common.errors (a unit test keeps them equal).
+_STATE = tl.constexpr(0)
+_CODE = tl.constexpr(1)
+_STAGE = tl.constexpr(2)
+_RANK = tl.constexpr(3)
+_PROGRAM = tl.constexpr(4)
+_OBSERVED = tl.constexpr(5)
+_EXPECTED = tl.constexpr(6)
+_LANE = tl.constexpr(7)
+_WAITED = tl.constexpr(8)
+_ORIGIN = tl.constexpr(9)
+_NSLOTS = tl.constexpr(16)
+
+
+@triton.jit
+def poll(ptrs, SYS: tl.constexpr):
+    """Acquire-read a tensor of int32 counters with one vector atomic add of zero."""
+    zero = tl.zeros(ptrs.shape, tl.int32)
+    if SYS:
+        v = tl.atomic_add(ptrs, zero, sem="acquire", scope="sys")
+    else:
+        v = tl.atomic_add(ptrs, zero, sem="acquire", scope="gpu")
+    return v
+
+
+@triton.jit
+def signal(cnt_ptr, amount, SYS: tl.constexpr):
+    """Release: make this program's earlier stores visible, then add `amount` to a counter."""
+    # Every thread of the program wrote data; the barrier orders those writes before the one
+    # thread that performs the release atomic.
+    tl.debug_barrier()
+    if SYS:
+        tl.atomic_add(cnt_ptr, amount, sem="release", scope="sys")
+    else:
+        tl.atomic_add(cnt_ptr, amount, sem="release", scope="gpu")
+
+
+@triton.jit
+def signal_all(cnt_ptrs, amount, SYS: tl.constexpr):
+    """Release to a tensor of counters (e.g. one per peer rank) with one vector atomic."""
+    tl.debug_barrier()
+    amounts = tl.full(cnt_ptrs.shape, 0, tl.int32) + amount
+    if SYS:
+        tl.atomic_add(cnt_ptrs, amounts, sem="release", scope="sys")
+    else:
+        tl.atomic_add(cnt_ptrs, amounts, sem="release", scope="gpu")
+
+
+@triton.jit
+def _rank_abort_ptrs(abort_tab, NRANK: tl.constexpr):
+    # At least 2 lanes so the CAS is vector-shaped; lanes past NRANK repeat rank 0 (harmless).
+    NP2: tl.constexpr = 2 if NRANK <= 2 else (4 if NRANK <= 4 else (8 if NRANK <= 8 else 16))
+    lanes = tl.arange(0, NP2)
+    lanes = tl.where(lanes < NRANK, lanes, 0)
+    return tl.load(abort_tab + lanes).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
+def raise_abort(abort_tab, rank, NRANK: tl.constexpr):
+    """Set every rank's abort flag to rank + 1 unless some rank set it first."""
+    ptrs = _rank_abort_ptrs(abort_tab, NRANK)
+    cmp = tl.zeros(ptrs.shape, tl.int32)
+    val = cmp + (rank + 1)
+    tl.atomic_cas(ptrs, cmp, val, sem="release", scope="sys")
+
+
+@triton.jit
+def fault():
+    """Store to address 0x0: the launch dies with an illegal-address error, and so does the
+    process, which is how SGLang learns to stop every rank."""
+    zero = tl.full([], 0, tl.int64)
+    tl.store(zero.to(tl.pointer_type(tl.int32)), 1)
+
+
+@triton.jit
+def _i64(x):
+    # Works for Python ints and tensors of any int width alike.
+    return tl.full([], 0, tl.int64) + x
+
+
+@triton.jit
+def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, waited, origin):
+    """Fill this rank's error word if no program of the rank did so first."""
+    zero = tl.full([], 0, tl.int64)
+    old = tl.atomic_cas(err_ptr + _STATE, zero, zero + 1, sem="acquire", scope="sys")
+    if old == 0:
+        slots = tl.arange(0, _NSLOTS)
+        vals = tl.zeros([_NSLOTS], tl.int64)
+        vals = tl.where(slots == _CODE, _i64(code), vals)
+        vals = tl.where(slots == _STAGE, _i64(stage), vals)
+        vals = tl.where(slots == _RANK, _i64(rank), vals)
+        vals = tl.where(slots == _PROGRAM, _i64(program), vals)
+        vals = tl.where(slots == _OBSERVED, _i64(observed), vals)
+        vals = tl.where(slots == _EXPECTED, _i64(expected), vals)
+        vals = tl.where(slots == _LANE, _i64(lane), vals)
+        vals = tl.where(slots == _WAITED, _i64(waited), vals)
+        vals = tl.where(slots == _ORIGIN, _i64(origin), vals)
+        tl.store(err_ptr + slots, vals, mask=(slots > _STATE) & (slots <= _ORIGIN))
+        tl.debug_barrier()
+        tl.atomic_xchg(err_ptr + _STATE, zero + 2, sem="release", scope="sys")
+
+
+# Cold path: a real call keeps its registers out of the hot loops (inlined twice per kernel it
+# pushed gfx950 kernels over the SGPR limit into spills).
+@triton.jit(noinline=True)
+def fail(abort_val, observed, expected, lane, waited, abort_tab, err_ptr, rank, program, stage,
+         NRANK: tl.constexpr, FAULT: tl.constexpr):
+    """Record why this program stops; raise the abort flag when the cause is our own timeout."""
+    if abort_val != 0:
+        write_error(err_ptr, 2, stage, rank, program, observed, expected, lane, waited, abort_val - 1)
+    else:
+        write_error(err_ptr, 1, stage, rank, program, observed, expected, lane, waited, rank)
+        raise_abort(abort_tab, rank, NRANK)
+    if FAULT:
+        fault()
+
+
+@triton.jit
+def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
+            NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
+    """Wait until the int32 counter at `cnt_ptr` reaches `target` (wrap-safe: cnt - target >= 0).
+
+    Returns True when reached; False after a timeout or the abort flag (error word written,
+    abort raised, and with FAULT the process is already dying)."""
+    lane = tl.arange(0, 2)
+    # One 2-lane atomic reads the counter and the abort flag together.
+    ptrs = tl.where(lane == 0, cnt_ptr, abort_ptr)
+    start = now(CLOCK)
+    v = poll(ptrs, SYS)
+    cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+    ab = tl.sum(tl.where(lane == 1, v, 0), 0)
+    iters = 0
+    waited = tl.full([], 0, tl.int64)
+    while ((cur - target) < 0) & (ab == 0) & (waited < deadline):
+        v = poll(ptrs, SYS)
+        cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+        ab = tl.sum(tl.where(lane == 1, v, 0), 0)
+        iters += 1
+        waited = elapsed(start, iters, CLOCK)
+    ok = ((cur - target) >= 0) & (ab == 0)
+    if not ok:
+        fail(ab, cur, target, 0, waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+    # Threads other than the polling ones read data the producers wrote: order after the poll.
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
+                NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
+    """Wait until every int32 counter of the 1-D pointer tensor `cnt_ptrs` reaches its target.
+
+    `targets` is a scalar or a tensor shaped like `cnt_ptrs`. Pointers must be distinct (pad
+    lanes may repeat a real counter with its real target). The error word's lane is the first
+    counter still short."""
+    lanes = tl.arange(0, cnt_ptrs.shape[0])
+    tgt = tl.zeros(cnt_ptrs.shape, tl.int32) + targets
+    a2 = tl.arange(0, 2)
+    # abort_ptr + 1 is the spare word, so the abort poll has two distinct lanes too.
+    aptrs = abort_ptr + a2
+    start = now(CLOCK)
+    v = poll(cnt_ptrs, SYS)
+    ab = tl.max(poll(aptrs, SYS), 0)
+    short = tl.sum(((v - tgt) < 0).to(tl.int32), 0)
+    iters = 0
+    waited = tl.full([], 0, tl.int64)
+    while (short > 0) & (ab == 0) & (waited < deadline):
+        v = poll(cnt_ptrs, SYS)
+        ab = tl.max(poll(aptrs, SYS), 0)
+        short = tl.sum(((v - tgt) < 0).to(tl.int32), 0)
+        iters += 1
+        waited = elapsed(start, iters, CLOCK)
+    ok = (short == 0) & (ab == 0)
+    if not ok:
+        big = cnt_ptrs.shape[0]
+        first = tl.min(tl.where((v - tgt) < 0, lanes, big), 0)
+        first = tl.where(first == big, 0, first)
+        obs = tl.sum(tl.where(lanes == first, v, 0), 0)
+        exp = tl.sum(tl.where(lanes == first, tgt, 0), 0)
+        fail(ab, obs, exp, first, waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def aborted(abort_ptr, SYS: tl.constexpr):
+    """True when the abort flag is up (for long stages that want to stop early)."""
+    return tl.max(poll(abort_ptr + tl.arange(0, 2), SYS), 0) != 0

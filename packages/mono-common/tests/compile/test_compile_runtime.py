@@ -1,0 +1,146 @@
+"""Every runtime helper compiles for gfx950 and sm_90 on the CPU, without spills, and the wait
+loop polls with an atomic inside the loop (not a load hoisted out of it) on both ISAs."""
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from mono_common import compilecheck as cc  # noqa: E402
+from mono_common.device import guard  # noqa: E402
+from mono_common.device.chain import chain_kernel  # noqa: E402
+from mono_common.device.simulate import sim_allreduce_kernel  # noqa: E402
+
+CLOCK = {"gfx950": 1, "sm_90": 0}
+
+
+@triton.jit
+def probe_kernel(cnt_ptr, cnts_ptr, target, abort_ptr, abort_tab, err_ptr, out_ptr, deadline,
+                 NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr,
+                 VEC: tl.constexpr):
+    pid = tl.program_id(0)
+    if VEC:
+        ok = guard.wait_all_ge(cnts_ptr + tl.arange(0, 4) * 32, target, abort_ptr, abort_tab, err_ptr,
+                               0, pid, 7, deadline, NRANK, CLOCK, FAULT, SYS)
+    else:
+        ok = guard.wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, 0, pid, 7, deadline,
+                           NRANK, CLOCK, FAULT, SYS)
+    if ok:
+        guard.signal(cnt_ptr + 32, 1, SYS)
+        tl.store(out_ptr + pid, guard.aborted(abort_ptr, SYS).to(tl.int32))
+
+
+PROBE_SIG = dict(cnt_ptr="*i32", cnts_ptr="*i32", target="i32", abort_ptr="*i32", abort_tab="*i64",
+                 err_ptr="*i64", out_ptr="*i32", deadline="i64")
+CHAIN_SIG = dict(data_ptr="*i32", cnt_ptr="*i32", epochs_ptr="*i32", result_ptr="*i32", delays_ptr="*i64",
+                 nstage="i32", abort_ptr="*i32", abort_tab="*i64", err_ptr="*i64", deadline="i64",
+                 stall_program="i32")
+SIM_SIG = dict(part_ptr="*bf16", resid_ptr="*bf16", resid_out_ptr="*bf16", out_ptr="*bf16", w_ptr="*bf16",
+               M="i32", eps="fp32", epochs_ptr="*i32", mbox_tab="*i64", flag_tab="*i64", ssq_ptr="*fp32",
+               ssq_cnt_ptr="*i32", abort_ptr="*i32", abort_tab="*i64", err_ptr="*i64", deadline="i64",
+               stall_pid="i32", delays_ptr="*i64")
+
+
+def _check(res, max_spills=0):
+    print(cc.format_resources(res))
+    assert res.spills <= max_spills, f"{res.target} {res.name} spills {res.spills} (budget {max_spills})"
+    assert res.max_resident() >= 1
+    return res
+
+
+@pytest.mark.parametrize("target", cc.TARGETS)
+@pytest.mark.parametrize("vec", [0, 1])
+@pytest.mark.parametrize("fault,sys_scope,nrank", [(0, 0, 1), (1, 1, 8)])
+def test_probe_compiles(target, vec, fault, sys_scope, nrank):
+    _check(cc.compile_kernel(probe_kernel, PROBE_SIG,
+                             dict(NRANK=nrank, CLOCK=CLOCK[target], FAULT=fault, SYS=sys_scope, VEC=vec), target))
+
+
+@pytest.mark.parametrize("target", cc.TARGETS)
+@pytest.mark.parametrize("fault,delay,check", [(0, 0, 0), (1, 1, 1)])
+def test_chain_compiles(target, fault, delay, check):
+    _check(cc.compile_kernel(chain_kernel, CHAIN_SIG,
+                             dict(G=132, CLOCK=CLOCK[target], FAULT=fault, DELAY=delay, CHECK=check), target))
+
+
+@pytest.mark.parametrize("target", cc.TARGETS)
+@pytest.mark.parametrize("R", [2, 4, 8])
+@pytest.mark.parametrize("phases", [7, 1, 2, 4])
+def test_allreduce_compiles(target, R, phases):
+    budget = 0
+    if (target, R, phases) == ("sm_90", 4, 1):
+        # ptxas (Triton 3.8's) gives the push-only staged variant a 16-byte stack frame at
+        # R=4, BLOCK_N=128 (not at R=2, 8 or BLOCK_N=256). Staged launches are for the
+        # interpreter and bisecting; the fused variant (phases=7) has no spill.
+        # That variant gets a bounded 16 B budget; every other variant must have none.
+        budget = 16
+    c = dict(P=16, W=6144, BLOCK_N=128, BLOCK_M=8, R=R, RP2=R, CLOCK=CLOCK[target], FAULT=1, SYS=1,
+             PHASES=phases, DELAY=1, STAGE=0)
+    _check(cc.compile_kernel(sim_allreduce_kernel, SIM_SIG, c, target, num_warps=8), max_spills=budget)
+
+
+def _loop_lines_amdgcn(asm):
+    """Instruction lines of blocks LLVM marks as loop bodies or loop headers."""
+    lines, inloop = [], False
+    for line in asm.splitlines():
+        s = line.strip()
+        if re.match(r"^(\.LBB\S+|; %bb\.\d+):", s):
+            inloop = "Loop" in s  # "=>This Inner Loop Header" or "in Loop: Header=..."
+            continue
+        if s.startswith(";"):
+            # The loop note may sit on its own line after the label.
+            if "in Loop" in s or "Loop Header" in s:
+                inloop = True
+            continue
+        if inloop and s and not s.startswith((";", ".")):
+            lines.append(s)
+    return lines
+
+
+def _loop_lines_ptx(ptx):
+    # PTX puts a block's "=>This Inner Loop Header" / "in Loop" note on the lines after its label.
+    lines, inloop, head = [], False, False
+    for line in ptx.splitlines():
+        s = line.strip()
+        if re.match(r"^\$L__BB\S+:", s):
+            inloop, head = "Loop" in s, True
+            continue
+        if s.startswith("//"):
+            if head and "Loop" in s:
+                inloop = True
+            continue
+        head = False
+        if inloop and s:
+            lines.append(s)
+    return lines
+
+
+@pytest.mark.parametrize("vec", [0, 1])
+def test_gfx950_wait_polls_inside_the_loop(vec):
+    res = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=1, FAULT=0, SYS=0, VEC=vec), "gfx950")
+    body = _loop_lines_amdgcn(res.asm["amdgcn"])
+    assert body, "no loop found in the gfx950 code of the wait"
+    # The poll is an atomic in the loop (LLVM may lower an idempotent acquire RMW to an
+    # acquire load, which is still issued every iteration and followed by a cache invalidate).
+    polls = [x for x in body if re.match(r"global_atomic|global_load_dword\w*\s.*\bsc1\b|buffer_atomic", x)]
+    assert polls, "no global atomic / acquire load inside the wait loop:\n" + "\n".join(body)
+    assert any(x.startswith("s_memrealtime") for x in body), "the deadline clock is not read in the loop"
+    print(f"gfx950 wait loop (vec={vec}) polls:", polls)
+
+
+@pytest.mark.parametrize("vec", [0, 1])
+def test_sm90_wait_polls_inside_the_loop(vec):
+    res = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=0, FAULT=0, SYS=0, VEC=vec), "sm_90")
+    body = _loop_lines_ptx(res.asm["ptx"])
+    assert any(re.search(r"atom\.global\.gpu\.acquire\.add", x) for x in body), "\n".join(body)
+    assert any("%globaltimer" in x for x in body)
+
+
+def test_digest_covers_runtime_sources():
+    from mono_common.device import allreduce, epochs, timer
+
+    d = cc.source_digest(guard, epochs, timer, allreduce)
+    assert d == cc.source_digest(allreduce, timer, epochs, guard)
+    assert d != cc.source_digest(guard, epochs, timer)
