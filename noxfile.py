@@ -20,9 +20,9 @@ import os
 import pathlib
 import subprocess
 import sys
-import tomllib
 
 import nox
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent
 PKGS = ["mono-common", "mono-deepseek-v41", "mono-glm53", "mono-glm53-flash"]
@@ -120,6 +120,13 @@ def install_editable(session: nox.Session, *pkgs: str) -> None:
                 "--disable-pip-version-check", *args)
 
 
+def package_tests(session: nox.Session, pkg: str, kind: str, *extra: str) -> None:
+    """Venv seeing the base env, the package installed editable, then its tests/<kind>."""
+    link_base(session)
+    install_editable(session, pkg)
+    run_pytest(session, pkg, kind, *extra)
+
+
 def run_pytest(session: nox.Session, pkg: str, kind: str, *extra: str) -> None:
     REPORTS.mkdir(exist_ok=True)
     report = REPORTS / f"{kind}-{pkg}.xml"
@@ -181,37 +188,29 @@ def isolated(session: nox.Session, pkg: str) -> None:
 @nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "interp")]))
 def interp(session: nox.Session, pkg: str) -> None:
     """Kernels in staged mode under the Triton interpreter, at tiny shapes, against the reference."""
-    link_base(session)
-    install_editable(session, pkg)
     session.env["TRITON_INTERPRET"] = "1"
-    run_pytest(session, pkg, "interp")
+    package_tests(session, pkg, "interp")
 
 
 @nox.session(name="compile", tags=["cpu"])
 @nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "compile")]))
 def compile_(session: nox.Session, pkg: str) -> None:
     """Every kernel variant compiled for gfx950 and sm_90 on the CPU, with resource budgets."""
-    link_base(session)
-    install_editable(session, pkg)
-    run_pytest(session, pkg, "compile", "-s")
+    package_tests(session, pkg, "compile", "-s")
 
 
 @nox.session(default=False, tags=["gpu"])
-@nox.parametrize("pkg", _params(PKGS))
+@nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "kernels")]))
 def kernels(session: nox.Session, pkg: str) -> None:
     """GPU tests at real shapes (needs a GPU; fails rather than skips without one)."""
-    link_base(session)
-    install_editable(session, pkg)
-    run_pytest(session, pkg, "kernels", "--require-gpu")
+    package_tests(session, pkg, "kernels", "--require-gpu")
 
 
 @nox.session(default=False, tags=["gpu"])
-@nox.parametrize("pkg", _params(MODELS))
+@nox.parametrize("pkg", _params([p for p in MODELS if _has_tests(p, "e2e")]))
 def e2e(session: nox.Session, pkg: str) -> None:
     """Served-model tests (GPUs, checkpoint and a launched SGLang server)."""
-    link_base(session)
-    install_editable(session, pkg)
-    run_pytest(session, pkg, "e2e", "--run-e2e", "--require-gpu")
+    package_tests(session, pkg, "e2e", "--run-e2e", "--require-gpu")
 
 
 @nox.session(default=False, tags=["gpu"])

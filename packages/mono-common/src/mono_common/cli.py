@@ -16,7 +16,7 @@ import sys
 from importlib import metadata
 
 from mono_common.__about__ import __version__
-from mono_common.sglang_compat import SUPPORTED_SGLANG_TEXT, installed_sglang_version, sglang_problem
+from mono_common.sglang_compat import installed_sglang_version, sglang_problem
 
 ISAS = ("gfx950", "sm_90")
 PLUGIN_GROUP = "sglang.srt.plugins"

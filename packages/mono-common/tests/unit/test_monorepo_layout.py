@@ -4,9 +4,9 @@ import pathlib
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 PKGS = {"mono-common": "mono_common", "mono-deepseek-v41": "mono_deepseek_v41",

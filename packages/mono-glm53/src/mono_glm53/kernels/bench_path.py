@@ -1,0 +1,38 @@
+"""The monokernel path for `mono bench glm53`: `register()` adds "mono" to `bench.PATHS`.
+
+The builder picks the smallest built width (2, 4, 8) that holds the case's rows, builds the
+kernel on the case's weights (read in place) and returns the fused launch as a zero-argument,
+graph-capturable step. Import and call `register()` before `bench.main` (the bench script
+`packages/mono-glm53/bench/bench_glm53_mono.py` does).
+"""
+
+from __future__ import annotations
+
+WIDTHS = (2, 4, 8)
+
+
+def built_width(rows: int) -> int:
+    for w in WIDTHS:
+        if rows <= w:
+            return w
+    raise ValueError(f"{rows} rows exceed the widest build ({WIDTHS[-1]})")
+
+
+def build_mono(case):
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    k = GlmLayerKernel(case.shape, case.weights, built_width(case.width),
+                       max_seq_len=case.inputs.max_seq_len, indexer=True)
+    k.set_inputs(case.hidden, case.residual, case.inputs)
+
+    def step():
+        return k.launch(case.caches, mode="fused")
+
+    step()  # compile outside capture
+    return step
+
+
+def register() -> None:
+    from mono_glm53.bench import register_path
+
+    register_path("mono", build_mono)

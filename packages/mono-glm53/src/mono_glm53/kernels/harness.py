@@ -1,0 +1,272 @@
+"""Run one covered layer through the kernel and the torch reference and measure the difference.
+
+Shared by the interp/kernels tests, the demo and the bench: `run_case` builds random weights
+and caches (mono_glm53.weights), runs `reference.decoder_layer` on the real rows and the
+kernel at `width` (pad rows beyond the real rows), and returns the NUMERICS metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Optional
+
+import torch
+
+from mono_glm53 import reference as ref
+from mono_glm53.config import GlmLayerShape
+from mono_glm53.kernels.layer import GlmLayerKernel
+from mono_glm53.weights import make_caches, make_weights
+
+__all__ = ["Case", "build_case", "compare", "run_case"]
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30))
+
+
+@dataclasses.dataclass
+class Case:
+    s: GlmLayerShape
+    w: dict
+    inputs: object
+    caches: object
+    hidden: torch.Tensor
+    residual: torch.Tensor
+    prev_topk: Optional[torch.Tensor]
+    indexer: bool
+    rows: int
+
+
+def build_case(s: GlmLayerShape, rows: int, ctx: int, indexer: bool = True, device="cpu",
+               seed: int = 0, weights=None) -> Case:
+    w = weights if weights is not None else make_weights(s, device=device, seed=seed)
+    inputs, caches = make_caches(s, rows, ctx, device=device, seed=seed + 1, index_k=indexer)
+    g = torch.Generator(device=device).manual_seed(seed + 2)
+    hidden = torch.randn(rows, s.hidden, generator=g, device=device).to(torch.bfloat16)
+    residual = (torch.randn(rows, s.hidden, generator=g, device=device) * 4).to(torch.bfloat16)
+    prev = None
+    if not indexer:
+        # the previous layer's top-k: a random subset of each row's context (-1 padded)
+        k = s.index_topk
+        prev = torch.full((rows, k), -1, dtype=torch.int32, device=device)
+        for r in range(rows):
+            perm = torch.randperm(ctx, generator=g, device=device)[: min(k, ctx)]
+            prev[r, : perm.numel()] = perm.to(torch.int32)
+    return Case(s, w, inputs, caches, hidden, residual, prev, indexer, rows)
+
+
+def reference_out(c: Case):
+    caches = ref.LayerCaches(kv=c.caches.kv.clone(),
+                             index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
+    out = ref.decoder_layer(c.hidden, c.residual, c.inputs, caches, c.w, c.s,
+                            prev_topk=c.prev_topk, run_indexer=c.indexer)
+    return out, caches
+
+
+def kernel_out(c: Case, k: GlmLayerKernel, mode: str, delay: int = 0):
+    caches = ref.LayerCaches(kv=c.caches.kv.clone(),
+                             index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    if c.prev_topk is not None:
+        k.prev_topk.fill_(-1)
+        k.prev_topk[: c.rows].copy_(c.prev_topk)
+    out, res, topk = k.launch(caches, mode=mode, delay=delay)
+    return (out.clone(), res.clone(), topk.clone()), caches
+
+
+def compare(c: Case, r_out, r_caches, k_out, k_caches) -> Dict[str, float]:
+    s, n = c.s, c.rows
+    out, res, topk = k_out
+    m: Dict[str, float] = {}
+    m["glm53_layer.hidden.cosine_min"] = _cos(out[:n], r_out.hidden)
+    m["glm53_layer.residual.cosine_min"] = _cos(res[:n], r_out.residual)
+    loc = c.inputs.out_cache_loc
+    kv_k = k_caches.kv.view(-1, s.kv_cache_dim)
+    kv_r = r_caches.kv.view(-1, s.kv_cache_dim)
+    a, b = kv_k[loc].float(), kv_r[loc].float()
+    m["glm53_layer.mla_cache.cosine_min"] = _cos(a, b)
+    ulp = b.abs().amax(dim=-1, keepdim=True) * 2.0 ** -8
+    m["glm53_layer.mla_cache.max_abs_ulps"] = float(((a - b).abs() / ulp).max())
+    orig = c.caches.kv.view(-1, s.kv_cache_dim)
+    keep = torch.ones(kv_k.shape[0], dtype=torch.bool, device=kv_k.device)
+    keep[loc] = False
+    m["glm53_layer.untouched_cache.max_abs"] = float((kv_k[keep].float() - orig[keep].float()).abs().max())
+    if c.indexer:
+        p, d = s.page, s.index_head_dim
+        ik, ir = k_caches.index_k.view(-1, p * (d + 4)), r_caches.index_k.view(-1, p * (d + 4))
+        pg, off = loc // p, loc % p
+        kb_k = ik[:, : p * d].reshape(-1, p, d)[pg, off]
+        kb_r = ir[:, : p * d].reshape(-1, p, d)[pg, off]
+        m["glm53_layer.index_k.bytes_equal_min"] = float((kb_k == kb_r).float().mean())
+        sc_k = ik[:, p * d:].contiguous().view(torch.float32).view(-1, p)[pg, off]
+        sc_r = ir[:, p * d:].contiguous().view(torch.float32).view(-1, p)[pg, off]
+        m["glm53_layer.index_k.scale_rel_max"] = float(((sc_k - sc_r).abs() / sc_r.abs()).max())
+        dq_k = kb_k.view(torch.float8_e4m3fn).float() * sc_k[:, None]
+        dq_r = kb_r.view(torch.float8_e4m3fn).float() * sc_r[:, None]
+        m["glm53_layer.index_k.dequant_cosine_min"] = min(_cos(dq_k[i], dq_r[i]) for i in range(n))
+        # everything but the new tokens' bytes is untouched
+        oik = c.caches.index_k.view(-1, p * (d + 4)).clone()
+        kk = ik.clone()
+        for t in range(n):
+            pp, oo = int(pg[t]), int(off[t])
+            kk[pp, oo * d:(oo + 1) * d] = oik[pp, oo * d:(oo + 1) * d]
+            kk[pp, p * d + 4 * oo: p * d + 4 * oo + 4] = oik[pp, p * d + 4 * oo: p * d + 4 * oo + 4]
+        m["glm53_layer.untouched_cache.max_abs"] = max(
+            m["glm53_layer.untouched_cache.max_abs"], float((kk.int() - oik.int()).abs().max()))
+        ov = []
+        for t in range(n):
+            A = set(int(v) for v in topk[t].tolist() if v >= 0)
+            B = set(int(v) for v in r_out.topk[t].tolist() if v >= 0)
+            ov.append(len(A & B) / max(1, len(B)) if len(A) == len(B) else 0.0)
+        m["glm53_layer.topk.overlap_min"] = min(ov)
+        # Selection quality independent of tie-breaking: the reference's own scores of the
+        # kernel's selection, sorted, against those of the reference's selection.
+        x, _ = ref.input_norm(c.hidden, c.residual, c.w, s)
+        q_lora, _, _ = ref.latent_norms(ref.qkv_a_proj(x, c.w, s), c.w, s)
+        q8, wts, _ = ref.indexer_qk(x, q_lora, c.inputs.positions, c.w, s)
+        kk, ks = ref.index_k_cache_read(r_caches.index_k, c.inputs, s)
+        logits = ref.index_logits(q8, wts, kk, ks)
+        gap = 0.0
+        for t in range(n):
+            a = topk[t][topk[t] >= 0].long()
+            b = r_out.topk[t][r_out.topk[t] >= 0].long()
+            if a.numel() != b.numel():
+                gap = float("inf")
+                break
+            la, lb = logits[t, a].sort().values, logits[t, b].sort().values
+            scale = logits[t, : int(c.inputs.seq_lens[t])].abs().max().clamp_min(1e-30)
+            gap = max(gap, float(((la - lb).abs().max() / scale)))
+        m["glm53_layer.topk.score_gap_max"] = gap
+    return m
+
+
+def routing_match(c: Case, r_out, k: GlmLayerKernel) -> Dict[str, float]:
+    """Whether the kernel picked the same routed experts as the reference (a flipped choice
+    between two biased scores that tie within fp32 noise explains a low stream cosine)."""
+    ids = r_out.aux["topk_ids"]
+    ns = int(k.nslot.item())
+    kset = set(int(e) for e in k.slot_e[1:ns].tolist())
+    rset = set(int(e) for e in ids.flatten().tolist())
+    return {"routing.same_expert_set": float(kset == rset), "routing.ref_experts": float(len(rset)),
+            "routing.kernel_experts": float(len(kset)), "routing.symdiff": float(len(kset ^ rset))}
+
+
+def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
+             modes=("staged",), device="cpu", seed: int = 0, nprog: Optional[int] = None,
+             delay: int = 0, weights=None) -> Dict[str, float]:
+    """Metrics of every mode in `modes` vs the reference (and fused vs staged when both run).
+    Mode "fused+delay" is the fused launch with random per-program stage delays; it is
+    compared bit for bit with "fused" as glm53_layer.delay_vs_fused.max_abs."""
+    c = build_case(s, rows, ctx, indexer, device, seed, weights=weights)
+    r_out, r_caches = reference_out(c)
+    k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device)
+    metrics: Dict[str, float] = {}
+    outs = {}
+    for mode in modes:
+        kmode = "fused" if mode == "fused+delay" else mode
+        k_out, k_caches = kernel_out(c, k, kmode, delay=delay if mode == "fused+delay" else 0)
+        k.guard.check()
+        outs[mode] = (k_out, k_caches)
+        mm = compare(c, r_out, r_caches, k_out, k_caches)
+        for key, v in mm.items():
+            metrics[key] = v if key not in metrics else (
+                min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
+    if "fused" in outs and "staged" in outs:
+        (a, ca), (b, cb) = outs["fused"], outs["staged"]
+        diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
+        diff = max(diff, float((ca.kv.float() - cb.kv.float()).abs().max()))
+        if ca.index_k is not None:
+            diff = max(diff, float((ca.index_k.int() - cb.index_k.int()).abs().max()))
+        metrics["glm53_layer.fused_vs_staged.max_abs"] = diff
+    if "fused" in outs and "fused+delay" in outs:
+        (a, ca), (b, cb) = outs["fused"], outs["fused+delay"]
+        diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
+        diff = max(diff, float((ca.kv.float() - cb.kv.float()).abs().max()))
+        metrics["glm53_layer.delay_vs_fused.max_abs"] = diff
+    return metrics
+
+
+def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 1000,
+                       check_every: int = 100, device="cuda", seed: int = 0, weights=None) -> Dict[str, float]:
+    """Capture one fused launch in a CUDA graph and replay it `replays` times with new inputs
+    (hidden, residual, positions / seq_lens / out_cache_loc alternating between two context
+    lengths) written into the static buffers; every `check_every` replays the graph's output
+    must equal an eager fused launch on the same inputs bit for bit, and the eager staged
+    launch within the NUMERICS stream bound. Returns {max_abs vs eager, replays, checks}."""
+    c = build_case(s, width, ctx, True, device, seed, weights=weights)
+    k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, device=device)
+    caches = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    k.launch(caches, "fused")
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(g, stream=stream):
+            k.launch(caches, "fused")
+    torch.cuda.current_stream().wait_stream(stream)
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    rtt = c.inputs.req_to_token
+    worst = 0.0
+    checks = 0
+    for i in range(replays):
+        n = ctx - (i % 2)  # alternate the context length
+        k.x.copy_(torch.randn(width, s.hidden, generator=gen, device=device).bfloat16())
+        k.res.copy_(torch.randn(width, s.hidden, generator=gen, device=device).bfloat16())
+        k.seqlen.fill_(n)
+        k.pos.fill_(n - 1)
+        k.loc.copy_(rtt[c.inputs.req_pool_indices, n - 1].long())
+        g.replay()
+        if (i + 1) % check_every == 0:
+            got = (k.out.clone(), k.res_out.clone(), k.topk.clone())
+            k.launch(caches, "fused")
+            exp = (k.out, k.res_out, k.topk)
+            worst = max(worst, max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, exp)))
+            checks += 1
+    torch.cuda.synchronize()
+    k.guard.check()
+    return {"glm53_layer.graph_replay_vs_eager.max_abs": worst, "replays": replays, "checks": checks}
+
+
+def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> Dict[str, float]:
+    """Per-stage time of the staged launch (CUDA events, mean of `reps`), in microseconds."""
+    from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
+
+    k.launch(caches, "staged")
+    out = {}
+    for st in range(NSTAGES):
+        k.launch(caches, "staged", stages=[st])
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            k.launch(caches, "staged", stages=[st])
+        b.record()
+        torch.cuda.synchronize()
+        out[STAGE_NAMES[st]] = a.elapsed_time(b) * 1000.0 / reps
+    return out
+
+
+def fused_time_us(k: GlmLayerKernel, caches, reps: int = 50) -> float:
+    """Median time of one fused launch replayed from a CUDA graph, microseconds."""
+    k.launch(caches, "fused")
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(g, stream=stream):
+            k.launch(caches, "fused")
+    torch.cuda.current_stream().wait_stream(stream)
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1000.0)
+    ts.sort()
+    return ts[len(ts) // 2]

@@ -1,0 +1,403 @@
+"""The launcher of the GLM-5.3 decoder-layer kernel: buffers, counters, grid, fused/staged.
+
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    k = GlmLayerKernel(shape, weights, width=2, max_seq_len=4096, indexer=True)
+    k.set_inputs(hidden, residual, inputs)      # copies a step's rows into the static buffers
+    out, res, topk = k.launch(caches, mode="fused")   # or "staged"
+    k.guard.check()                             # raises if a guarded wait expired
+
+`shape` is a `mono_glm53.config.GlmLayerShape` (REAL, tiny(), or a tp_shard), `weights` the
+dict of `mono_glm53.weights.make_weights` (SGLang parameter names, read in place: no copy).
+The step's inputs live in static device buffers (x, residual, positions, out_cache_loc,
+seq_lens, req_pool_indices) that the kernel reads from memory, so a CUDA graph captured around
+`launch` replays with whatever the buffers hold. Rows past the step's real rows are pad rows:
+they compute (on zeros) but write no cache (their out_cache_loc is -1).
+
+Grid: `nprog` programs, by default the number of SMs (one resident program per SM); the fused
+launch is cooperative where Triton supports it, so an oversized grid fails at launch instead of
+deadlocking. Staged mode launches the same kernel once per stage with the same grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from mono_glm53.config import GlmLayerShape
+
+__all__ = ["Plan", "make_plan", "GlmLayerKernel", "cos_sin_cache"]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Compile-time shape and tiling of one kernel variant (the constexprs)."""
+
+    W: int
+    BM: int
+    H: int
+    QL: int
+    KVL: int
+    RD: int
+    NOPE: int
+    VD: int
+    NH: int
+    IH: int
+    IHP: int
+    ID: int
+    TOPK: int
+    E: int
+    TOPE: int
+    I: int
+    BLK: int
+    PG: int
+    HB: int
+    NSLOT: int
+    INDEXER: bool
+    IDX_FUSED: bool
+    HADAMARD: bool
+    MLA_NEOX: bool
+    IDX_NEOX: bool
+    BN: int
+    KS1: int
+    KSI: int
+    KS3: int
+    KSQ: int
+    KS9: int
+    BNR: int
+    KSR: int
+    KSG: int
+    BND: int
+    CT: int
+    HG: int
+    VB: int
+    BT: int
+    BI: int
+    TB: int
+
+    def constexprs(self) -> Dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16) -> int:
+    """Smallest split-K factor (a divisor of the K blocks) giving >= target tiles."""
+    best = 1
+    for ks in range(1, min(kblocks, cap) + 1):
+        if kblocks % ks:
+            continue
+        best = ks
+        if ntiles * ks >= target:
+            break
+    return best
+
+
+def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
+    """Tiling for shape `s` at `width` rows on `nprog` programs: every GEMV split so that its
+    tiles cover the grid (bandwidth needs every SM streaming weights)."""
+    blk = s.block
+    bn = min(64, blk)
+    hb = s.hidden // blk
+    nqkv = s.qkv_a_out
+    nh = s.heads_per_rank
+    i_l = s.moe_inter_per_rank
+    ks1 = _pick_ks(_cdiv(nqkv, bn), hb, nprog)
+    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, max(1, nprog // 8))
+    nqb = nh * s.qk_head
+    niq = s.index_heads * s.index_head_dim
+    ks3 = _pick_ks(_cdiv(nqb, bn) + _cdiv(niq, bn), s.q_lora // blk, nprog)
+    ksq = ks3
+    ks9 = _pick_ks(_cdiv(s.hidden, bn), (nh * s.v_head) // blk, nprog)
+    bnr = max(16, min(32, s.n_experts))  # tl.dot needs N >= 16 (masked)
+    ksr = _pick_ks(_cdiv(s.n_experts, bnr), hb, nprog // 2, cap=8)
+    nslot = 1 + min(s.n_experts, width * s.top_k)
+    ksg = _pick_ks(_cdiv(2 * i_l, bn) * (1 + s.top_k), hb, nprog)
+    bnd = min(32, blk)
+    ct = min(64, s.index_topk)
+    hg = 16
+    vb = min(32, s.v_head)
+    bt = 1024 if s.index_topk >= 1024 else max(16, s.index_topk)
+    bi = min(128, i_l)
+    return Plan(
+        W=width, BM=max(16, width), H=s.hidden, QL=s.q_lora, KVL=s.kv_lora, RD=s.qk_rope,
+        NOPE=s.qk_nope, VD=s.v_head, NH=nh, IH=s.index_heads, IHP=max(16, s.index_heads),
+        ID=s.index_head_dim, TOPK=s.index_topk, E=s.n_experts, TOPE=s.top_k, I=i_l, BLK=blk,
+        PG=s.page, HB=s.hidden & -s.hidden if (s.hidden & -s.hidden) <= 2048 else 2048, NSLOT=nslot, INDEXER=bool(indexer), IDX_FUSED=bool(s.indexer_fused),
+        HADAMARD=bool(s.indexer_hadamard), MLA_NEOX=not s.rope_interleave,
+        IDX_NEOX=not s.indexer_rope_interleave, BN=bn, KS1=ks1, KSI=ksi, KS3=ks3, KSQ=ksq,
+        KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BND=bnd, CT=ct, HG=hg, VB=vb, BT=bt, BI=bi, TB=min(32, s.page),
+    )
+
+
+def cos_sin_cache(s: GlmLayerShape, n_pos: int, device) -> torch.Tensor:
+    """fp32 [n_pos, rope] = cos | sin, the values `mono_glm53.rope.rope_cos_sin` gives."""
+    from mono_glm53.rope import rope_cos_sin
+
+    pos = torch.arange(n_pos, device=device)
+    c, sn = rope_cos_sin(pos, s.qk_rope, s.rope_theta)
+    return torch.cat((c, sn), dim=-1).contiguous()
+
+
+def _default_nprog(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return int(os.environ.get("MONO_GLM53_INTERP_PROGRAMS", "3"))
+
+
+class GlmLayerKernel:
+    """One built variant (shape, width, indexer) with its static buffers and counters."""
+
+    _coop: Optional[bool] = None  # whether this Triton takes launch_cooperative_grid
+
+    def __init__(self, s: GlmLayerShape, weights: Dict[str, torch.Tensor], width: int,
+                 max_seq_len: int, indexer: bool = True, nprog: Optional[int] = None,
+                 device=None, deadline_s: float = 2.0, num_warps: int = 4):
+        from mono_common.guard_host import Guard
+
+        self.s = s
+        self.w = weights
+        self.width = width
+        self.indexer = indexer
+        dev = torch.device(device) if device is not None else weights["input_layernorm.weight"].device
+        self.device = dev
+        self.nprog = nprog or _default_nprog(dev)
+        self.plan = make_plan(s, width, indexer, self.nprog)
+        self.num_warps = num_warps
+        p = self.plan
+        W = width
+        f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
+        self.max_seq_len = _cdiv(max_seq_len, s.page) * s.page
+        self.max_pages = self.max_seq_len // s.page
+
+        def z(*shape, dtype=f32):
+            return torch.zeros(*shape, dtype=dtype, device=dev)
+
+        # static per-step inputs
+        self.x = z(W, s.hidden, dtype=bf16)
+        self.res = z(W, s.hidden, dtype=bf16)
+        self.pos = z(W, dtype=torch.int64)
+        self.loc = torch.full((W,), -1, dtype=torch.int64, device=dev)
+        self.seqlen = torch.ones(W, dtype=i32, device=dev)
+        self.req = z(W, dtype=torch.int64)
+        self.prev_topk = torch.full((W, p.TOPK), -1, dtype=i32, device=dev)
+        # outputs
+        self.out = z(W, s.hidden, dtype=bf16)
+        self.res_out = z(W, s.hidden, dtype=bf16)
+        self.topk = torch.full((W, p.TOPK), -1, dtype=i32, device=dev)
+        # scratch
+        nqkv = s.qkv_a_out
+        nikw = s.index_head_dim + s.index_heads
+        nqb = p.NH * s.qk_head
+        niq = s.index_heads * s.index_head_dim
+        nch = p.TOPK // p.CT
+        ng = _cdiv(p.NH, p.HG)
+        self.resid1 = z(W, s.hidden, dtype=bf16)
+        self.hn = z(W, s.hidden, dtype=bf16)
+        self.qkva = z(p.KS1, W, nqkv)
+        self.ikw = z(p.KSI, W, nikw)
+        self.qn = z(W, s.q_lora, dtype=bf16)
+        self.rope = z(W * p.RD + W * p.ID + W * p.IH * p.ID + W * p.NH * p.RD)
+        self.iwraw = z(W, p.IH)
+        self.qb = z(p.KS3, W, nqb)
+        self.iq = z(p.KSQ, W, niq)
+        self.qabs = z(W, p.NH, p.KVL + p.RD)
+        self.iq8 = z(W, p.IH, p.ID)
+        self.iwt = z(W, p.IH)
+        self.scores = z(W, self.max_seq_len)
+        self.part = z(W, p.NH, nch, p.KVL)
+        self.ml = z(W, p.NH, nch, 2)
+        self.attn = z(W, p.NH, p.KVL, dtype=bf16)
+        self.ov = z(W, p.NH * p.VD, dtype=bf16)
+        self.op = z(p.KS9, W, s.hidden)
+        self.h2 = z(W, s.hidden, dtype=bf16)
+        self.lg = z(p.KSR, W, p.E)
+        self.gu = z(p.NSLOT, p.KSG, W, 2 * p.I)
+        self.slot_e = z(p.NSLOT, dtype=i32)
+        self.slot_w = z(W, p.NSLOT)
+        self.nslot = z(1, dtype=i32)
+        self.inter = z(p.NSLOT, W, p.I, dtype=bf16)
+        # sync: one counter per stage hand-off, one epoch slot per program (zeroed once)
+        self.cnt = z(32, dtype=i32)
+        # fused and staged launches keep separate epochs (staged launches signal no counter)
+        self.epoch = {"fused": z(self.nprog, dtype=i32), "staged": z(self.nprog, dtype=i32)}
+        self.mcnt = {"fused": z(W * ng, dtype=i32), "staged": z(W * ng, dtype=i32)}
+        self.guard = Guard(1, device=dev, deadline_s=deadline_s,
+                           stage_names={i: n for i, n in enumerate(_stage_names())})
+        self.cs = cos_sin_cache(s, max(self.max_seq_len, 1), dev)
+        self._dummy_u8 = z(16, dtype=torch.uint8)
+        self._dummy_f = z(16)
+        self._dummy_bf = z(16, dtype=bf16)
+        self._delay = 0
+
+    # ------------------------------------------------------------------ inputs
+    def set_inputs(self, hidden: torch.Tensor, residual: torch.Tensor, inputs) -> None:
+        """Copy a step of r <= width rows into the static buffers; rows r.. become pad rows."""
+        r = hidden.shape[0]
+        if r > self.width:
+            raise ValueError(f"{r} rows do not fit width {self.width}")
+        self.x.zero_()
+        self.res.zero_()
+        self.x[:r].copy_(hidden)
+        self.res[:r].copy_(residual)
+        self.pos.zero_()
+        self.pos[:r].copy_(inputs.positions)
+        self.loc.fill_(-1)
+        self.loc[:r].copy_(inputs.out_cache_loc)
+        self.seqlen.fill_(1)
+        self.seqlen[:r].copy_(inputs.seq_lens)
+        self.req.zero_()
+        self.req[:r].copy_(inputs.req_pool_indices)
+        self.rtt = inputs.req_to_token
+        if int(inputs.max_seq_len) > self.max_seq_len:
+            raise ValueError("max_seq_len larger than built for")
+
+    # ------------------------------------------------------------------ launch
+    def _args(self, caches, rtt, mode):
+        s, w = self.s, self.w
+        g = self.guard
+        abort, abort_tab, errs = g.args(0)
+        wk = w.get("self_attn.indexer.wk.weight", self._dummy_u8)
+        sk = w.get("self_attn.indexer.wk.weight_scale_inv", self._dummy_f)
+        if s.indexer_fused:
+            wwp = w["self_attn.indexer.wk_weights_proj.weight"]
+        else:
+            wwp = w["self_attn.indexer.weights_proj.weight"]
+        wkc, wvc = w["self_attn.w_kc"], w["self_attn.w_vc"]
+        idx_cache = caches.index_k if caches.index_k is not None else self._dummy_u8
+        sh13 = w.get("mlp.shared_experts.gate_up_proj.weight")
+        return (
+            self.x, self.res, self.pos, self.loc, self.seqlen, self.req, rtt, rtt.stride(0), self.prev_topk,
+            caches.kv, idx_cache, self.cs,
+            w["input_layernorm.weight"], _u8(w["self_attn.fused_qkv_a_proj_with_mqa.weight"]),
+            w["self_attn.fused_qkv_a_proj_with_mqa.weight_scale_inv"],
+            w["self_attn.q_a_layernorm.weight"], w["self_attn.kv_a_layernorm.weight"],
+            _u8(w["self_attn.q_b_proj.weight"]), w["self_attn.q_b_proj.weight_scale_inv"],
+            wkc, wkc.stride(0), wkc.stride(1), wkc.stride(2),
+            wvc, wvc.stride(0), wvc.stride(1), wvc.stride(2),
+            _u8(w["self_attn.o_proj.weight"]), w["self_attn.o_proj.weight_scale_inv"],
+            w["post_attention_layernorm.weight"], w["mlp.gate.weight"],
+            w["mlp.gate.e_score_correction_bias"],
+            _u8(w["mlp.experts.w13_weight"]), w["mlp.experts.w13_weight_scale_inv"],
+            _u8(w["mlp.experts.w2_weight"]), w["mlp.experts.w2_weight_scale_inv"],
+            _u8(sh13), w["mlp.shared_experts.gate_up_proj.weight_scale_inv"],
+            _u8(w["mlp.shared_experts.down_proj.weight"]), w["mlp.shared_experts.down_proj.weight_scale_inv"],
+            _u8(w["self_attn.indexer.wq_b.weight"]), w["self_attn.indexer.wq_b.weight_scale_inv"],
+            _u8(wk), sk, wwp,
+            w["self_attn.indexer.k_norm.weight"], w["self_attn.indexer.k_norm.bias"],
+            self.out, self.res_out, self.topk,
+            self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
+            self.qabs, self.iq8, self.iwt, self.scores, self.scores.stride(0), self.part, self.ml,
+            self.mcnt[mode], self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
+            self.nslot, self.inter,
+            self.cnt, self.epoch[mode], abort, abort_tab, errs, 0, g.deadline, self._delay,
+        ) + self._scalars()
+
+    def _scalars(self):
+        s = self.s
+        if s.indexer_fused:
+            # fused path: weights_raw * fp32(softmax_scale * ih^-0.5) * q_scale
+            iwa = float(torch.tensor(s.index_softmax_scale * s.index_heads ** -0.5, dtype=torch.float32))
+            iwb = 1.0
+        else:
+            # unfused: (mm * ih^-0.5) * q_scale * softmax_scale
+            iwa = s.index_heads ** -0.5
+            iwb = s.index_softmax_scale
+        return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
+                s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB)
+
+    def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None):
+        """Run the layer on the static inputs. mode "fused": one persistent launch; "staged":
+        one launch a stage (`stages` picks a subset, for per-stage timing). Returns
+        (out, res_out, topk) views of the static output buffers."""
+        from mono_glm53.kernels.stages import NSTAGES, layer_kernel
+
+        self._delay = int(delay)
+        args = self._args(caches, self.rtt, mode)
+        ce = self.plan.constexprs()
+        clock = self.guard.clock
+        grid = (self.nprog,)
+        if mode == "fused":
+            kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
+                      num_warps=self.num_warps)
+            if self.device.type == "cuda" and GlmLayerKernel._coop is not False:
+                # cooperative: the driver refuses a grid that cannot be co-resident
+                try:
+                    layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
+                    GlmLayerKernel._coop = True
+                    return self.out, self.res_out, self.topk
+                except (TypeError, KeyError):
+                    GlmLayerKernel._coop = False
+            layer_kernel[grid](*args, **ce, **kw)
+        elif mode == "staged":
+            for st in (stages if stages is not None else range(NSTAGES)):
+                layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
+                                   FAULT=self.guard.fault, num_warps=self.num_warps)
+        else:
+            raise ValueError(mode)
+        return self.out, self.res_out, self.topk
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    """FP8 weights are passed as their bytes (the kernel bitcasts: one path for the
+    interpreter and both ISAs)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _stage_names():
+    from mono_glm53.kernels.stages import STAGE_NAMES
+
+    return STAGE_NAMES
+
+
+_TORCH_TO_TRITON = {
+    torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.int32: "*i32", torch.int64: "*i64",
+    torch.uint8: "*u8",
+}
+
+
+def kernel_signature() -> Dict[str, str]:
+    """Triton type strings of `layer_kernel`'s runtime arguments (for the CPU compile check).
+
+    The dtypes do not depend on the shape (dims are constexprs), so they are read off a tiny
+    instance built on the CPU."""
+    import inspect
+
+    from mono_glm53.config import tiny
+    from mono_glm53.kernels.stages import layer_kernel
+    from mono_glm53.weights import make_caches, make_weights
+
+    s = tiny()
+    w = make_weights(s, device="cpu", seed=0)
+    inputs, caches = make_caches(s, 1, 8, device="cpu", seed=1)
+    k = GlmLayerKernel(s, w, 2, 8, nprog=2, device="cpu")
+    k.set_inputs(torch.zeros(1, s.hidden, dtype=torch.bfloat16), torch.zeros(1, s.hidden, dtype=torch.bfloat16), inputs)
+    args = k._args(caches, k.rtt, "fused")
+    names = [p for p in inspect.signature(layer_kernel.fn).parameters]
+    sig = {}
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            sig[name] = _TORCH_TO_TRITON[a.dtype]
+        elif isinstance(a, float):
+            sig[name] = "fp32"
+        elif name in ("deadline", "delay"):
+            sig[name] = "i64"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, isa: str,
+                       fused: bool = True) -> Dict[str, object]:
+    """Constexprs of one compiled variant (the fused launch unless `fused` is False)."""
+    from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
+    from mono_glm53.kernels.stages import NSTAGES
+
+    ce = make_plan(s, width, indexer, nprog).constexprs()
+    ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0,
+              CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
+    return ce

@@ -1,0 +1,568 @@
+"""Why GLM-5.3's monokernel cannot run a setup: before load (config) and after load (model).
+
+Every builder returns a list of reasons, each saying what was wrong and what is
+needed, and the spec hands SGLang all of them at once (SGLang joins them into one
+ValueError at startup, or one per install on every rank).
+
+Importing this module is cheap (no torch, no sglang): SGLang imports the spec in
+its launcher. `config_reasons` reads SGLang's `envs` and `covered_capture_sizes`,
+and `model_reasons` reads torch tensors, each importing them when called.
+
+What the kernel is built for (and so what is refused otherwise):
+- the FP8 e4m3 block-128 checkpoint (fp32 `weight_scale_inv`), bf16 activations;
+- 64-token pages, a bf16 MLA KV cache (kv_lora 512 + rope 64 a token) and the
+  DSA index-K cache of SGLang's `Indexer` (fp8 keys + fp32 scale, 132 B a token);
+- SGLang's fused DSA top-k (`SGLANG_DSA_FUSE_TOPK`), a fresh top-k on every
+  covered layer;
+- the shared expert fused into the routed experts as expert index E;
+- a plain (unscaled) RoPE, whose cos/sin table build copies, for the whole
+  served context;
+- the routed experts in the layout of SGLang's triton/aiter MoE runners;
+- a router gate bf16 holds exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+ARCH = "GlmMoeDsaForCausalLM"
+PAGE_SIZE = 64
+BLOCK = 128
+# --kv-cache-dtype values that give the bf16 MLA cache on sm_90 and gfx950
+# ("auto" resolves to bfloat16 there: arg_groups/overrides.py _dsa_kv_cache_dtype_default).
+KV_CACHE_DTYPES = frozenset({"auto", "bf16", "bfloat16"})
+# MoE runners whose post-load expert layout the kernel reads: row-major e4m3 with
+# fp32 block scales (triton; "auto" is triton on CUDA without an a2a backend) and
+# AITER's (16, 16) shuffle on ROCm.
+MOE_RUNNERS = frozenset({"auto", "triton", "aiter"})
+# The decode attention backend SGLang picks for DSA models ("nsa" is its old name).
+ATTENTION_BACKENDS = frozenset({"dsa", "nsa"})
+DECODE_GRAPH_BACKENDS = frozenset({"full", "disabled"})
+# SGLang's benchmark-only routing overrides (layers/moe/topk.py routing_simulation_enabled).
+ROUTING_OVERRIDE_ENVS = ("SGLANG_SIMULATE_UNIFORM_EXPERTS", "SGLANG_SIMULATE_ROUND_ROBIN_EXPERTS")
+FUSE_TOPK_ENV = "SGLANG_DSA_FUSE_TOPK"
+FIRST_COVERED_LAYER = 3  # layers 0..2 are dense and run SGLang's modules
+
+SGLANG_READS = (
+    "sglang.srt.environ.envs",
+    "sglang.srt.environ.Envs.SGLANG_DSA_FUSE_TOPK",
+    "sglang.srt.environ.Envs.SGLANG_SIMULATE_UNIFORM_EXPERTS",
+    "sglang.srt.environ.Envs.SGLANG_SIMULATE_ROUND_ROBIN_EXPERTS",
+    "sglang.srt.kernel_plugins.amd.binding.covered_capture_sizes",
+    "sglang.srt.configs.model_config.dsa_layer_skips_topk",
+    "sglang.srt.model_executor.cuda_graph_config.Phase.DECODE",
+    "sglang.srt.server_args.ServerArgs#page_size",
+    "sglang.srt.server_args.ServerArgs#kv_cache_dtype",
+    "sglang.srt.server_args.ServerArgs#moe_runner_backend",
+    "sglang.srt.server_args.ServerArgs#disable_shared_experts_fusion",
+    "sglang.srt.server_args.ServerArgs#enable_hisparse",
+    "sglang.srt.server_args.ServerArgs#expert_distribution_recorder_mode",
+    "sglang.srt.server_args.ServerArgs#quantization",
+    "sglang.srt.server_args.ServerArgs#context_length",
+    "sglang.srt.server_args.ServerArgs#cuda_graph_config",
+    "sglang.srt.server_args.ServerArgs#tp_size",
+    "sglang.srt.model_executor.cuda_graph_config.CudaGraphConfig#decode",
+    "sglang.srt.model_executor.cuda_graph_config.PhaseConfig#bs",
+    "sglang.srt.model_executor.cuda_graph_config.PhaseConfig#backend",
+    # the loaded model, read by model_reasons
+    "sglang.srt.models.deepseek_v2.DeepseekV2MoE",
+    "sglang.srt.models.deepseek_v2.MoEGate",
+    "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer",
+)
+
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def _rope_type(hf_config: Any) -> str | None:
+    """The scaled-RoPE type of an HF config (transformers 5 `rope_parameters` or
+    the older `rope_scaling`), or None for a plain RoPE."""
+    for key in ("rope_scaling", "rope_parameters"):
+        params = _get(hf_config, key)
+        if not params:
+            continue
+        kind = _get(params, "rope_type") or _get(params, "type")
+        if kind not in (None, "default"):
+            return str(kind)
+        # A factor other than 1 scales even without a type name.
+        factor = _get(params, "factor")
+        if factor not in (None, 1, 1.0):
+            return f"factor {factor}"
+    return None
+
+
+def rotary_table_rows(hf_config: Any) -> int:
+    """Rows of the cos/sin table build copies: SGLang's own table covers
+    max_position_embeddings positions."""
+    return int(_get(hf_config, "max_position_embeddings", 0) or 0)
+
+
+def covered_layers(hf_config: Any) -> range:
+    return range(FIRST_COVERED_LAYER, int(_get(hf_config, "num_hidden_layers", 0) or 0))
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+# ---------------------------------------------------------------------------
+# before load
+
+
+def checkpoint_reasons(cfg: Any, hf_config: Any) -> list[str]:
+    reasons = []
+    quant = _get(hf_config, "quantization_config")
+    method = _get(quant, "quant_method") if quant else None
+    if not quant or method != "fp8":
+        reasons.append(
+            f"the checkpoint is {'unquantized' if not quant else repr(method)}: the kernel reads "
+            "the FP8 e4m3 block-128 checkpoint (quantization_config quant_method 'fp8', "
+            "weight_block_size [128, 128]); serve GLM-5.3's FP8 checkpoint"
+        )
+    else:
+        block = _get(quant, "weight_block_size")
+        if block is None or [int(b) for b in block] != [BLOCK, BLOCK]:
+            reasons.append(
+                f"the checkpoint's FP8 weight_block_size is {block}, not [128, 128]: the kernel "
+                "reads block-128 scales; serve GLM-5.3's FP8 block-128 checkpoint"
+            )
+        fmt = _get(quant, "fmt")
+        if fmt not in (None, "e4m3"):
+            reasons.append(
+                f"the checkpoint's FP8 format is {fmt!r}, not 'e4m3': the kernel reads e4m3 "
+                "weights; serve GLM-5.3's FP8 e4m3 checkpoint"
+            )
+        if _get(quant, "activation_scheme") not in (None, "dynamic"):
+            reasons.append(
+                f"the checkpoint's FP8 activation_scheme is {_get(quant, 'activation_scheme')!r}: "
+                "the kernel quantizes activations dynamically; serve the 'dynamic' FP8 checkpoint"
+            )
+    quantization = _get(cfg, "quantization")
+    if quantization not in (None, "fp8"):
+        reasons.append(
+            f"--quantization {quantization}: the kernel reads the checkpoint's FP8 block-128 "
+            "weights; start the server without --quantization (or with --quantization fp8)"
+        )
+    return reasons
+
+
+def server_arg_reasons(cfg: Any) -> list[str]:
+    reasons = []
+    page = _get(cfg, "page_size")
+    if page != PAGE_SIZE:
+        reasons.append(
+            f"page size {page} is not {PAGE_SIZE}: the kernel reads 64-token pages of the MLA "
+            f"and index-K caches; start the server with --page-size {PAGE_SIZE}"
+        )
+    kv = _get(cfg, "kv_cache_dtype")
+    if kv not in KV_CACHE_DTYPES:
+        reasons.append(
+            f"--kv-cache-dtype {kv}: the kernel reads and writes the bf16 MLA KV cache "
+            "(512 latent + 64 rope values a token); start the server with "
+            "--kv-cache-dtype bfloat16"
+        )
+    runner = _get(cfg, "moe_runner_backend")
+    if runner not in MOE_RUNNERS:
+        reasons.append(
+            f"--moe-runner-backend {runner}: the kernel reads the routed experts in the "
+            "layout SGLang's triton (CUDA) and aiter (ROCm) runners leave them in; start the "
+            "server with --moe-runner-backend auto"
+        )
+    if _get(cfg, "disable_shared_experts_fusion"):
+        reasons.append(
+            "--disable-shared-experts-fusion leaves the shared expert unfused: the kernel "
+            "runs it as routed expert index 256; start the server without "
+            "--disable-shared-experts-fusion"
+        )
+    if _get(cfg, "enable_hisparse"):
+        reasons.append(
+            "--enable-hisparse moves the sparse KV cache off the device pools the kernel "
+            "reads; start the server without --enable-hisparse"
+        )
+    mode = _get(cfg, "expert_distribution_recorder_mode")
+    if mode is not None:
+        reasons.append(
+            f"--expert-distribution-recorder-mode {mode}: the kernel routes inside one launch "
+            "and records no expert distribution; start the server without "
+            "--expert-distribution-recorder-mode"
+        )
+    return reasons
+
+
+def env_reasons() -> list[str]:
+    from sglang.srt.environ import envs
+
+    reasons = []
+    if not getattr(envs, FUSE_TOPK_ENV).get():
+        reasons.append(
+            f"{FUSE_TOPK_ENV}=0 selects the unfused DSA top-k, whose indices the kernel's "
+            f"check mode and the prefill path disagree with; unset {FUSE_TOPK_ENV} "
+            "(or set it to 1)"
+        )
+    for name in ROUTING_OVERRIDE_ENVS:
+        if getattr(envs, name).get():
+            reasons.append(
+                f"{name} is set: SGLang's benchmark routing override replaces the router, "
+                f"and the kernel routes by the model's own gate; unset {name}"
+            )
+    return reasons
+
+
+def model_config_reasons(cfg: Any, hf_config: Any) -> list[str]:
+    """HF config values beyond the exact ones in Requirements.hf_config."""
+    reasons = []
+    kpool = _get(hf_config, "index_kpool", 1) or 1
+    if int(kpool) != 1:
+        reasons.append(
+            f"config.index_kpool {kpool} selects IndexerKPool's pooled index cache: the kernel "
+            "reads the plain DSA Indexer's index-K cache (fp8 keys + fp32 scale, one key a "
+            "token); serve a checkpoint with index_kpool 1 (GLM-5.3)"
+        )
+    norm = _get(hf_config, "index_k_norm_type", "layer") or "layer"
+    if norm != "layer":
+        reasons.append(
+            f"config.index_k_norm_type {norm!r}: the kernel normalizes index keys with the "
+            "Indexer's LayerNorm (weight and bias); serve GLM-5.3's config ('layer')"
+        )
+    for key in ("index_init_tokens", "index_local_tokens"):
+        value = _get(hf_config, key, 0) or 0
+        if int(value) != 0:
+            reasons.append(
+                f"config.{key} {value}: the kernel's top-k has no forced initial/local "
+                f"tokens; serve GLM-5.3's config ({key} 0)"
+            )
+    try:
+        from sglang.srt.configs.model_config import dsa_layer_skips_topk
+
+        shared = [i for i in covered_layers(hf_config) if dsa_layer_skips_topk(hf_config, i)]
+    except Exception as exc:  # noqa: BLE001 - a config SGLang cannot read is a refusal, not a crash
+        shared = []
+        reasons.append(f"cannot read the DSA top-k layer pattern ({exc}); serve GLM-5.3's config")
+    if shared:
+        reasons.append(
+            f"layers {shared} reuse the previous layer's top-k (indexer_types 'shared' or an "
+            "index_topk pattern): the kernel runs a fresh top-k on every covered layer; serve "
+            "a config whose covered layers all have indexer_types 'full'"
+        )
+    rope = _rope_type(hf_config)
+    if rope is not None:
+        reasons.append(
+            f"the RoPE is scaled ({rope}): the kernel applies a plain RoPE (no YaRN mscale "
+            "or scaled frequencies); serve a config without rope_scaling (rope_type 'default')"
+        )
+    rows = rotary_table_rows(hf_config)
+    served = _get(cfg, "context_length") or rows
+    if rows <= 0 or int(served) > rows:
+        reasons.append(
+            f"the served context is {served} tokens, longer than the {rows}-row rotary table "
+            f"the kernel copies (config.max_position_embeddings): start the server with "
+            f"--context-length {rows} or less"
+        )
+    return reasons
+
+
+def capture_reasons(
+    cfg: Any, *, widths_by_tp: Mapping[int, Sequence[int]], tokens_per_request: int = 1
+) -> list[str]:
+    """Refuse a server whose captured decode graphs none of the served widths runs."""
+    graph = _get(cfg, "cuda_graph_config")
+    decode = _get(graph, "decode") if graph is not None else None
+    if decode is None:
+        return []
+    backend = _get(decode, "backend")
+    if backend not in DECODE_GRAPH_BACKENDS:
+        return [
+            f"decode CUDA graphs are {backend!r}: the kernel's forward is captured as one whole "
+            "graph; use the 'full' decode graph backend (the default), or disable decode graphs"
+        ]
+    if backend == "disabled":
+        return []
+    tp = int(_get(cfg, "tp_size", 1) or 1)
+    widths = tuple(widths_by_tp.get(tp, ()))
+    if not widths:
+        return []  # the binding refuses the TP size itself
+    sizes = sorted(set(_get(decode, "bs") or []))
+    if not sizes:
+        return []
+    # SGLang aligns the sizes to the widths unless decode bs was set explicitly
+    # (binding.handle_amd_monokernel); check what will actually be captured.
+    locked = _get(cfg, "_cuda_graph_config_locked", None) or set()
+    explicit = ("decode", "bs") in locked
+    captured = sizes
+    if not explicit:
+        from sglang.srt.kernel_plugins.amd.binding import covered_capture_sizes
+
+        captured = covered_capture_sizes(
+            widths=widths, tokens_per_request=tokens_per_request, sizes=sizes
+        )
+    served = {w // tokens_per_request for w in widths if w % tokens_per_request == 0}
+    if not served.intersection(captured):
+        return [
+            f"none of the captured decode graphs (batch sizes {sorted(captured)}) runs the "
+            f"kernel: at TP {tp} it serves batch sizes {sorted(served)}; capture at least one "
+            f"of them (e.g. --cuda-graph-bs {' '.join(map(str, sorted(served)))} plus any larger "
+            "sizes, or leave --cuda-graph-bs unset)"
+        ]
+    return []
+
+
+def check_mode_reasons(cfg: Any) -> list[str]:
+    """SGLANG_AMD_MONO_CHECK=1 runs SGLang's layer beside every launch: eager only."""
+    import os
+
+    if os.environ.get("SGLANG_AMD_MONO_CHECK", "0").strip().lower() not in ("1", "true", "yes", "on"):
+        return []
+    graph = _get(cfg, "cuda_graph_config")
+    decode = _get(graph, "decode") if graph is not None else None
+    if decode is not None and _get(decode, "backend") != "disabled":
+        return [
+            "SGLANG_AMD_MONO_CHECK=1 runs SGLang's own layer beside every launch, which a "
+            "captured graph cannot do: start the server with --disable-cuda-graph (or unset "
+            "SGLANG_AMD_MONO_CHECK)"
+        ]
+    return []
+
+
+def launcher_reasons() -> list[str]:
+    """The covered-layer launcher must exist on this rank (build.py picks it)."""
+    import os
+
+    kind = os.environ.get("MONO_GLM53_LAYER", "kernel").strip().lower() or "kernel"
+    if kind == "reference":
+        return []
+    if kind != "kernel":
+        return [f"MONO_GLM53_LAYER={kind!r}: set it to 'kernel' (the default) or 'reference'"]
+    try:
+        from mono_glm53.kernels import layer as kernel_layer
+    except Exception as exc:  # noqa: BLE001 - any import failure is the same refusal
+        return [
+            f"the GLM-5.3 layer kernel (mono_glm53.kernels.layer) does not import "
+            f"({type(exc).__name__}: {exc}): install a mono-glm53 that ships it"
+        ]
+    if not hasattr(kernel_layer, "GlmLayerKernel"):
+        return [
+            "mono_glm53.kernels.layer has no GlmLayerKernel: install a mono-glm53 whose "
+            "kernel and build agree"
+        ]
+    return []
+
+
+def config_reasons(
+    cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Sequence[int]]
+) -> list[str]:
+    """Every reason GLM-5.3's kernel refuses this server before load, all at once."""
+    return [
+        *checkpoint_reasons(cfg, hf_config),
+        *server_arg_reasons(cfg),
+        *env_reasons(),
+        *model_config_reasons(cfg, hf_config),
+        *capture_reasons(cfg, widths_by_tp=widths_by_tp),
+        *check_mode_reasons(cfg),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# after load
+
+
+def _block(hf_config: Any) -> int:
+    """The checkpoint's FP8 block (128 for GLM-5.3; config_reasons refuses any other)."""
+    quant = _get(hf_config, "quantization_config") or {}
+    size = _get(quant, "weight_block_size") or [BLOCK]
+    return int(size[0])
+
+
+def _fp8_linear_reasons(
+    where: str, module: Any, n: int | None, k: int | None, block: int = BLOCK
+) -> list[str]:
+    """Reasons an FP8 block linear is outside the layout the kernel reads:
+    weight e4m3fn [N, K], weight_scale_inv fp32 [ceil(N/128), ceil(K/128)]."""
+    import torch
+
+    weight = getattr(module, "weight", None)
+    scale = getattr(module, "weight_scale_inv", None)
+    fix = (
+        "the kernel reads e4m3fn weights with fp32 block-128 scales as the FP8 checkpoint "
+        "loads them (no UE8M0 requantization, no fnuz); serve the FP8 checkpoint on sm_90 "
+        "or gfx950 with the default --fp8-gemm-backend"
+    )
+    if weight is None or scale is None:
+        return [f"{where} has no FP8 weight and weight_scale_inv: {fix}"]
+    reasons = []
+    if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
+        reasons.append(f"{where}.weight is {weight.dtype} {tuple(weight.shape)}: {fix}")
+    if scale.dtype != torch.float32 or getattr(scale, "format_ue8m0", False):
+        reasons.append(f"{where}.weight_scale_inv is {scale.dtype} (UE8M0 or not fp32): {fix}")
+    if weight.dim() == 2:
+        rows, cols = weight.shape
+        if (n is not None and rows != n) or (k is not None and cols != k):
+            reasons.append(f"{where}.weight is {tuple(weight.shape)}, not ({n}, {k}): {fix}")
+        want = (-(-rows // block), -(-cols // block))
+        if scale.dim() != 2 or tuple(scale.shape) != want:
+            reasons.append(f"{where}.weight_scale_inv is {tuple(scale.shape)}, not {want}: {fix}")
+    return reasons
+
+
+def _moe_reasons(where: str, mlp: Any, hf_config: Any) -> list[str]:
+    import torch
+
+    reasons = []
+    n_shared = int(_get(hf_config, "n_shared_experts", 1) or 0)
+    fused = int(getattr(mlp, "num_fused_shared_experts", 0) or 0)
+    if fused != n_shared or getattr(mlp, "shared_experts", None) is not None:
+        reasons.append(
+            f"{where}: the shared expert is not fused into the routed experts "
+            f"(num_fused_shared_experts {fused}): the kernel runs it as routed expert index "
+            f"{_get(hf_config, 'n_routed_experts')}; start the server without "
+            "--disable-shared-experts-fusion, with --tp-size 4 or 8 and no expert parallelism"
+        )
+    block = _block(hf_config)
+    experts = getattr(mlp, "experts", None)
+    e = int(_get(hf_config, "n_routed_experts", 0)) + n_shared
+    fix = (
+        "the kernel reads e4m3fn expert weights with fp32 block-128 scales as SGLang's "
+        "triton/aiter MoE runners leave them; start with --moe-runner-backend auto"
+    )
+    for name in ("w13_weight", "w2_weight"):
+        w = getattr(experts, name, None)
+        s = getattr(experts, name + "_scale_inv", None)
+        if w is None or s is None:
+            reasons.append(f"{where}.experts has no {name} and {name}_scale_inv: {fix}")
+            continue
+        if w.dtype != torch.float8_e4m3fn or w.dim() != 3 or w.shape[0] != e:
+            reasons.append(f"{where}.experts.{name} is {w.dtype} {tuple(w.shape)}: {fix}")
+        if s.dtype != torch.float32 or getattr(s, "format_ue8m0", False) or s.dim() != 3:
+            reasons.append(f"{where}.experts.{name}_scale_inv is {s.dtype} {tuple(s.shape)}: {fix}")
+        elif w.dim() == 3 and tuple(s.shape[1:]) != (-(-w.shape[1] // block), -(-w.shape[2] // block)):
+            reasons.append(f"{where}.experts.{name}_scale_inv is {tuple(s.shape)}: {fix}")
+    gate = getattr(mlp, "gate", None)
+    weight = getattr(gate, "weight", None)
+    if weight is None:
+        reasons.append(f"{where} has no router gate weight: the kernel reads gate.weight")
+    elif weight.dtype == torch.float32:
+        if not torch.equal(weight.to(torch.bfloat16).to(torch.float32), weight):
+            reasons.append(
+                f"{where}.gate.weight is float32 with values bf16 cannot hold exactly: the "
+                "kernel's router reads a bf16 copy of the gate; serve a checkpoint whose gate "
+                "is bf16 (router_fp32 unset)"
+            )
+    elif weight.dtype != torch.bfloat16:
+        reasons.append(f"{where}.gate.weight is {weight.dtype}: the kernel reads a bf16 router gate")
+    bias = getattr(gate, "e_score_correction_bias", None)
+    if bias is None or bias.dtype != torch.float32:
+        reasons.append(
+            f"{where}.gate.e_score_correction_bias is "
+            f"{'missing' if bias is None else bias.dtype}: the kernel reads the fp32 "
+            "noaux_tc correction bias"
+        )
+    return reasons
+
+
+def _attention_reasons(where: str, attn: Any, hf_config: Any) -> list[str]:
+    import torch
+
+    reasons = []
+    # this rank's heads (attention TP shards them)
+    heads = int(getattr(attn, "num_local_heads", _get(hf_config, "num_attention_heads", 0)))
+    q_lora = int(_get(hf_config, "q_lora_rank", 0))
+    kv_lora = int(_get(hf_config, "kv_lora_rank", 0))
+    nope = int(_get(hf_config, "qk_nope_head_dim", 0))
+    rope = int(_get(hf_config, "qk_rope_head_dim", 0))
+    v = int(_get(hf_config, "v_head_dim", 0))
+    hidden = int(_get(hf_config, "hidden_size", 0))
+    block = _block(hf_config)
+    reasons += _fp8_linear_reasons(
+        f"{where}.fused_qkv_a_proj_with_mqa",
+        getattr(attn, "fused_qkv_a_proj_with_mqa", None),
+        q_lora + kv_lora + rope,
+        hidden,
+        block,
+    )
+    reasons += _fp8_linear_reasons(
+        f"{where}.q_b_proj", getattr(attn, "q_b_proj", None), heads * (nope + rope), q_lora, block
+    )
+    reasons += _fp8_linear_reasons(f"{where}.o_proj", getattr(attn, "o_proj", None), hidden, heads * v, block)
+    for name, shape in (("w_kc", (heads, nope, kv_lora)), ("w_vc", (heads, kv_lora, v))):
+        t = getattr(attn, name, None)
+        if t is None or t.dtype != torch.bfloat16 or tuple(t.shape) != shape:
+            got = "missing" if t is None else f"{t.dtype} {tuple(t.shape)}"
+            reasons.append(
+                f"{where}.{name} is {got}, not bf16 {shape}: the kernel packs W_UK/W_UV from "
+                "the bf16 w_kc/w_vc SGLang derives from kv_b_proj at load"
+            )
+    rotary = getattr(attn, "rotary_emb", None)
+    kind = type(rotary).__name__
+    if rotary is None or "Yarn" in kind or "Scaling" in kind:
+        reasons.append(
+            f"{where}.rotary_emb is {kind}: the kernel applies a plain RoPE; serve a config "
+            "without rope_scaling"
+        )
+    indexer = getattr(attn, "indexer", None)
+    if indexer is None or type(indexer).__name__ != "Indexer":
+        reasons.append(
+            f"{where}.indexer is {type(indexer).__name__}: the kernel reads the plain DSA "
+            "Indexer's index-K cache (fp8 keys + fp32 scale, one key a token); serve "
+            "GLM-5.3's config (index_kpool 1)"
+        )
+    else:
+        reasons += _fp8_linear_reasons(
+            f"{where}.indexer.wq_b",
+            getattr(indexer, "wq_b", None),
+            int(_get(hf_config, "index_n_heads", 0)) * int(_get(hf_config, "index_head_dim", 0)),
+            q_lora,
+            block,
+        )
+        if getattr(indexer, "wk_weights_proj", None) is None and (
+            getattr(indexer, "wk", None) is None or getattr(indexer, "weights_proj", None) is None
+        ):
+            reasons.append(
+                f"{where}.indexer has neither wk_weights_proj nor wk + weights_proj: the "
+                "kernel reads one of the two"
+            )
+    return reasons
+
+
+def _layers(model: Any) -> Sequence[Any] | None:
+    inner = getattr(model, "model", None)
+    return getattr(inner, "layers", None)
+
+
+def model_reasons(model: Any, hf_config: Any, copies: Mapping) -> list[str]:
+    """Every reason the loaded model is outside what the kernel reads, all at once."""
+    reasons: list[str] = launcher_reasons()
+    archs = list(_get(hf_config, "architectures", None) or [])
+    if ARCH not in archs:
+        return reasons + [f"the model is {archs}, not {ARCH}: mono-glm53 serves GLM-5.3 only"]
+    layers = _layers(model)
+    if layers is None:
+        return reasons + [f"{type(model).__name__} has no model.layers: mono-glm53 needs SGLang's {ARCH}"]
+    n = int(_get(hf_config, "num_hidden_layers", 0))
+    if len(layers) != n:
+        return reasons + [
+            f"the model holds {len(layers)} layers, not {n}: mono-glm53 covers layers "
+            f"{FIRST_COVERED_LAYER}..{n - 1} of the whole model (no pipeline parallelism)"
+        ]
+    for i in covered_layers(hf_config):
+        layer = layers[i]
+        where = f"layer {i}"
+        reasons += _attention_reasons(f"{where}.self_attn", getattr(layer, "self_attn", None), hf_config)
+        reasons += _moe_reasons(f"{where}.mlp", getattr(layer, "mlp", None), hf_config)
+        if len(reasons) > 24:  # one broken layout repeats on every layer: keep the message readable
+            reasons.append(f"... (stopped after layer {i}; later layers were not checked)")
+            break
+    return _dedupe(reasons)
+
+
+def _dedupe(reasons: Iterable[str]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in reasons:
+        seen.setdefault(r, None)
+    return list(seen)

@@ -1,0 +1,185 @@
+"""GLM-5.3's `MonoSpec`: what SGLang 0.5.23's `--enable-amd-monokernel` binding reads.
+
+SGLang imports this module in its launcher (to resolve the server) and on every TP
+rank (at load and install), so importing it is cheap: msgspec and SGLang's spec
+module only. The refusals, the build and the forward import torch, the kernels and
+SGLang's runtime when SGLang calls them.
+
+Registration: the `sglang.srt.plugins` entry point `mono_glm53 =
+mono_glm53.plugin:register` calls `register(backend="amd",
+architecture="GlmMoeDsaForCausalLM", path="mono_glm53.spec:SPEC")`.
+
+Where refusals are stated. `Requirements` declares what the kernel is built for
+(dtype, the DSA decode attention backend, the server arguments, the HF config shape
+values and SGLang environment variables), and SGLang checks it in its own words
+("page_size 16 is not one of ['64']"). `config_disable_reasons` checks the same
+server arguments and environment again, to say which flag fixes each one ("page size
+16 is not 64: start the server with --page-size 64"), plus everything Requirements
+cannot state (the checkpoint's quantization config, scaled RoPE, the rotary table
+length, the DSA indexer kind, the captured graph sizes). So a refused server
+argument is listed twice, once in each wording; the second says what to pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.kernels.plugin_kernels.amd.spec import (
+    DeviceLimits,
+    MonoSpec,
+    Numerics,
+    NumericsKind,
+    Requirements,
+)
+
+from mono_common.sglang_compat import MONOKERNEL_API_VERSION
+from mono_glm53 import ARCHITECTURE
+from mono_glm53 import refusals as _r
+
+SGLANG_READS = (
+    "sglang.kernels.plugin_kernels.amd.spec.MonoSpec",
+    "sglang.kernels.plugin_kernels.amd.spec.DeviceLimits",
+    "sglang.kernels.plugin_kernels.amd.spec.Requirements",
+    "sglang.kernels.plugin_kernels.amd.spec.Numerics",
+    "sglang.kernels.plugin_kernels.amd.spec.NumericsKind.TOLERANCE",
+    "sglang.kernels.plugin_kernels.amd.spec.BuildContext",
+    "sglang.kernels.plugin_kernels.amd.spec.MONOKERNEL_API_VERSION",
+    "sglang.srt.server_args.ServerArgs#tp_size",
+)
+
+NAME = "mono-glm53"
+
+#: Step rows (batch size x tokens a request) each compiled width runs; a step of r
+#: rows is served at width r only (SGLang routes exact graph keys), and SGLang aligns
+#: the decode capture sizes to them (binding.covered_capture_sizes), so a batch of 1
+#: replays the width-2 graph.
+WIDTHS = (2, 4, 8)
+#: TP sizes the kernel is built for, per ISA, and the widths each serves. GLM-5.3's
+#: FP8 weights (about 750 GB) need 8 H200s (141 GB) or 4 MI355X (288 GB).
+WIDTHS_BY_TP = {
+    "gfx950": {4: WIDTHS, 8: WIDTHS},
+    "sm_90": {8: WIDTHS},
+}
+#: The persistent grid: one program a CU (MI355X, 256 CUs) or SM (H200, 132 SMs).
+RESIDENT_BLOCKS = {"gfx950": 256, "sm_90": 132}
+
+DEVICES = {
+    isa: DeviceLimits(
+        widths=WIDTHS,
+        tp_sizes=tuple(sorted(WIDTHS_BY_TP[isa])),
+        resident_blocks=RESIDENT_BLOCKS[isa],
+    )
+    for isa in ("gfx950", "sm_90")
+}
+
+
+def widths_by_tp_all() -> dict[int, tuple[int, ...]]:
+    """TP size -> widths, merged over ISAs (the launcher's refusals do not know the ISA's
+    TP list beyond what the binding checks itself)."""
+    merged: dict[int, set[int]] = {}
+    for table in WIDTHS_BY_TP.values():
+        for tp, widths in table.items():
+            merged.setdefault(tp, set()).update(widths)
+    return {tp: tuple(sorted(w)) for tp, w in merged.items()}
+
+
+#: HF config values the kernel is compiled for (exact; SGLang reads them with getattr).
+HF_CONFIG = {
+    "hidden_size": 6144,
+    "num_hidden_layers": 78,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 64,
+    "q_lora_rank": 2048,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "index_n_heads": 32,
+    "index_head_dim": 128,
+    "index_topk": 2048,
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+}
+
+#: Server arguments -> the values the kernel accepts (as SGLang resolved them).
+SERVER_ARGS = {
+    "page_size": frozenset({_r.PAGE_SIZE}),
+    "kv_cache_dtype": _r.KV_CACHE_DTYPES,
+    "moe_runner_backend": _r.MOE_RUNNERS,
+    "disable_shared_experts_fusion": frozenset({False}),
+    "enable_hisparse": frozenset({False}),
+    "expert_distribution_recorder_mode": frozenset({None}),
+}
+
+#: SGLang environment variables (`sglang.srt.environ.envs`) -> required value.
+ENV = {
+    _r.FUSE_TOPK_ENV: True,
+    **{name: False for name in _r.ROUTING_OVERRIDE_ENVS},
+}
+
+REQUIREMENTS = Requirements(
+    dtypes=frozenset({"bfloat16"}),
+    attention_backends=_r.ATTENTION_BACKENDS,
+    server_args=SERVER_ARGS,
+    hf_config=HF_CONFIG,
+    env=ENV,
+)
+
+#: Check-mode bounds, `<launch>.<output>.<metric>`: launch "layer" is one covered
+#: decoder layer; outputs are the residual stream it hands the next layer, the MLA
+#: KV row it writes (576 bf16 values a token) and the index key it writes
+#: (dequantized fp8, 128 values a token). The kernel quantizes activations like
+#: SGLang (per-token groups of 128) but accumulates in another order, so the
+#: stream may differ by a few bf16 ULPs and a flipped fp8 rounding; an index key
+#: may differ by one e4m3 step (1/16 of its scale) where the rounding flips.
+NUMERICS = Numerics(
+    kind=NumericsKind.TOLERANCE,
+    bounds={
+        "layer.stream.cosine": 0.9995,
+        "layer.stream.rel": 0.03,
+        "layer.kv.cosine": 0.9999,
+        "layer.kv.rel": 0.02,
+        "layer.index_k.cosine": 0.999,
+        "layer.index_k.rel": 0.07,
+    },
+)
+
+
+def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
+    """Before load, in the launcher: every reason this server is refused, at once."""
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+
+
+def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:
+    """After load, on every rank: every reason the loaded model is refused, at once."""
+    return _r.model_reasons(model, hf_config, copies)
+
+
+def build(model: Any, hf_config: Any, context: Any) -> Any:
+    """Once per rank at install: allocate, copy the few weights, compile `context.widths`."""
+    from mono_glm53.build import build as _build
+
+    return _build(model, hf_config, context)
+
+
+SPEC = MonoSpec(
+    name=NAME,
+    devices=DEVICES,
+    features=frozenset(),
+    requires=REQUIREMENTS,
+    numerics=NUMERICS,
+    model_disable_reasons=model_disable_reasons,
+    build=build,
+    api_version=MONOKERNEL_API_VERSION,
+    config_disable_reasons=config_disable_reasons,
+)
+
+__all__ = ["ARCHITECTURE", "NUMERICS", "SPEC", "WIDTHS", "WIDTHS_BY_TP"]
