@@ -32,6 +32,7 @@ BASE = pathlib.Path(os.environ.get("MONO_BASE_ENV", "~/.cache/mono/base-sglang-0
 BASE_REQUIREMENTS = [
     "sglang==0.5.23",
     "pytest>=8",
+    "pytest-xdist>=3.5",
     "hatchling>=1.27",
     "editables>=0.5",
     "build>=1.2",
@@ -196,7 +197,8 @@ def interp(session: nox.Session, pkg: str) -> None:
 @nox.parametrize("pkg", _params([p for p in PKGS if _has_tests(p, "compile")]))
 def compile_(session: nox.Session, pkg: str) -> None:
     """Every kernel variant compiled for gfx950 and sm_90 on the CPU, with resource budgets."""
-    package_tests(session, pkg, "compile", "-s")
+    # Two workers: a GLM-5.3 layer variant takes about a minute to compile on a cold cache.
+    package_tests(session, pkg, "compile", "-s", "-n", "2")
 
 
 @nox.session(default=False, tags=["gpu"])

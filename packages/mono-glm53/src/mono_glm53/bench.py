@@ -161,6 +161,9 @@ def _time_path(step, case: BenchCase, device: str, warmup: int, replays: int) ->
         b.synchronize()
         ts.append(a.elapsed_time(b) * 1e3)
     kernels_graph = _count_kernels(graph.replay)
+    torch.cuda.synchronize()
+    if hasattr(step, "check"):
+        step.check()  # a path with guarded waits: no wait may have expired while timed
     res.update(
         us=statistics.median(ts),
         us_min=min(ts),
@@ -257,9 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --device cpu --tiny")
     fp8_mod.set_fp8_gemm_backend(a.fp8_gemm)
+    if a.device == "cuda" and "mono" not in PATHS:
+        # The monokernel column: the fused launch (CPU runs would need the interpreter).
+        # Registered here, not through bench_path.register(): under `python -m` this module
+        # is __main__, and bench_path would fill a second copy's PATHS.
+        from mono_glm53.kernels.bench_path import build_mono
+
+        register_path("mono", build_mono)
     widths = [int(x) for x in a.widths.split(",")]
     contexts = [int(x) for x in (a.contexts or ("64,256" if a.tiny else "4096,65536")).split(",")]
     paths = a.paths.split(",") if a.paths else list(PATHS)
+    if "unfused" in paths:
+        paths = ["unfused"] + [p for p in paths if p != "unfused"]
     os.makedirs(a.out, exist_ok=True)
     rows: list[dict] = []
     errors: list[dict] = []
@@ -285,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
                     context=ctx,
                     width=width,
                 )
+                # Paths that return no routing (the monokernel) share the floor of the same
+                # case: same inputs and weights, so the same experts are read.
+                case_experts = None
                 for pname in paths:
                     if a.max_seconds and time.time() - t_start > a.max_seconds:
                         print(f"time budget reached, skipping {sname} ctx {ctx} w {width} {pname}")
@@ -295,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"FAILED {sname} ctx {ctx} w {width} {pname}: {exc!r}", flush=True)
                         errors.append(dict(shape=sname, context=ctx, width=width, path=pname, error=repr(exc)))
                         continue
-                    ne = r.get("distinct_experts", 0)
+                    ne = r.get("distinct_experts", case_experts)
+                    if ne is None:
+                        raise RuntimeError(f"path {pname!r} reports no routing: put 'unfused' before it in --paths")
+                    case_experts = r["distinct_experts"] = ne
                     fb = floor_bytes(case, ne)
                     floor_us = fb["total"] / HBM_BYTES_PER_S * 1e6
                     row = dict(

@@ -271,6 +271,11 @@ def build(model: Any, hf_config: Any, context: Any, *, shape: Any = None) -> Bui
         launcher = ReferenceLayer(shape, weights, all_reduce)
         logger.warning("mono-glm53: %s=reference: covered layers run the torch reference", LAYER_ENV)
     else:
+        from mono_glm53.refusals import unwired_all_reduce_reason
+
+        refused = unwired_all_reduce_reason(tp_size)
+        if refused:
+            raise ValueError(f"mono-glm53: {refused}")
         launcher = _kernel_launcher(
             shape, weights, context, max_seq_len=int(getattr(hf_config, "max_position_embeddings", 0) or shape.max_position)
         )

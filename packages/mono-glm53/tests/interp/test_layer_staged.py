@@ -7,7 +7,6 @@ seed 0 gives identical MLA rows, index-K bytes and scales) and everything is wit
 """
 
 import pytest
-import torch
 
 from mono_glm53.config import tiny
 from mono_glm53.kernels.harness import run_case

@@ -8,7 +8,6 @@ kernel at `width` (pad rows beyond the real rows), and returns the NUMERICS metr
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Optional
 
 import torch
 
@@ -33,7 +32,7 @@ class Case:
     caches: object
     hidden: torch.Tensor
     residual: torch.Tensor
-    prev_topk: Optional[torch.Tensor]
+    prev_topk: torch.Tensor | None
     indexer: bool
     rows: int
 
@@ -75,10 +74,10 @@ def kernel_out(c: Case, k: GlmLayerKernel, mode: str, delay: int = 0):
     return (out.clone(), res.clone(), topk.clone()), caches
 
 
-def compare(c: Case, r_out, r_caches, k_out, k_caches) -> Dict[str, float]:
+def compare(c: Case, r_out, r_caches, k_out, k_caches) -> dict[str, float]:
     s, n = c.s, c.rows
     out, res, topk = k_out
-    m: Dict[str, float] = {}
+    m: dict[str, float] = {}
     m["glm53_layer.hidden.cosine_min"] = _cos(out[:n], r_out.hidden)
     m["glm53_layer.residual.cosine_min"] = _cos(res[:n], r_out.residual)
     loc = c.inputs.out_cache_loc
@@ -136,12 +135,12 @@ def compare(c: Case, r_out, r_caches, k_out, k_caches) -> Dict[str, float]:
                 break
             la, lb = logits[t, a].sort().values, logits[t, b].sort().values
             scale = logits[t, : int(c.inputs.seq_lens[t])].abs().max().clamp_min(1e-30)
-            gap = max(gap, float(((la - lb).abs().max() / scale)))
+            gap = max(gap, float((la - lb).abs().max() / scale))
         m["glm53_layer.topk.score_gap_max"] = gap
     return m
 
 
-def routing_match(c: Case, r_out, k: GlmLayerKernel) -> Dict[str, float]:
+def routing_match(c: Case, r_out, k: GlmLayerKernel) -> dict[str, float]:
     """Whether the kernel picked the same routed experts as the reference (a flipped choice
     between two biased scores that tie within fp32 noise explains a low stream cosine)."""
     ids = r_out.aux["topk_ids"]
@@ -153,15 +152,15 @@ def routing_match(c: Case, r_out, k: GlmLayerKernel) -> Dict[str, float]:
 
 
 def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
-             modes=("staged",), device="cpu", seed: int = 0, nprog: Optional[int] = None,
-             delay: int = 0, weights=None) -> Dict[str, float]:
+             modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
+             delay: int = 0, weights=None) -> dict[str, float]:
     """Metrics of every mode in `modes` vs the reference (and fused vs staged when both run).
     Mode "fused+delay" is the fused launch with random per-program stage delays; it is
     compared bit for bit with "fused" as glm53_layer.delay_vs_fused.max_abs."""
     c = build_case(s, rows, ctx, indexer, device, seed, weights=weights)
     r_out, r_caches = reference_out(c)
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device)
-    metrics: Dict[str, float] = {}
+    metrics: dict[str, float] = {}
     outs = {}
     for mode in modes:
         kmode = "fused" if mode == "fused+delay" else mode
@@ -188,7 +187,7 @@ def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = 
 
 
 def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 1000,
-                       check_every: int = 100, device="cuda", seed: int = 0, weights=None) -> Dict[str, float]:
+                       check_every: int = 100, device="cuda", seed: int = 0, weights=None) -> dict[str, float]:
     """Capture one fused launch in a CUDA graph and replay it `replays` times with new inputs
     (hidden, residual, positions / seq_lens / out_cache_loc alternating between two context
     lengths) written into the static buffers; every `check_every` replays the graph's output
@@ -230,7 +229,7 @@ def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 10
     return {"glm53_layer.graph_replay_vs_eager.max_abs": worst, "replays": replays, "checks": checks}
 
 
-def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> Dict[str, float]:
+def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> dict[str, float]:
     """Per-stage time of the staged launch (CUDA events, mean of `reps`), in microseconds."""
     from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
 

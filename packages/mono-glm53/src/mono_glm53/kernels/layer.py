@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -81,7 +80,7 @@ class Plan:
     BI: int
     TB: int
 
-    def constexprs(self) -> Dict[str, object]:
+    def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -152,10 +151,10 @@ def _default_nprog(device: torch.device) -> int:
 class GlmLayerKernel:
     """One built variant (shape, width, indexer) with its static buffers and counters."""
 
-    _coop: Optional[bool] = None  # whether this Triton takes launch_cooperative_grid
+    _coop: bool | None = None  # whether this Triton takes launch_cooperative_grid
 
-    def __init__(self, s: GlmLayerShape, weights: Dict[str, torch.Tensor], width: int,
-                 max_seq_len: int, indexer: bool = True, nprog: Optional[int] = None,
+    def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
+                 max_seq_len: int, indexer: bool = True, nprog: int | None = None,
                  device=None, deadline_s: float = 2.0, num_warps: int = 4):
         from mono_common.guard_host import Guard
 
@@ -360,7 +359,7 @@ _TORCH_TO_TRITON = {
 }
 
 
-def kernel_signature() -> Dict[str, str]:
+def kernel_signature() -> dict[str, str]:
     """Triton type strings of `layer_kernel`'s runtime arguments (for the CPU compile check).
 
     The dtypes do not depend on the shape (dims are constexprs), so they are read off a tiny
@@ -392,7 +391,7 @@ def kernel_signature() -> Dict[str, str]:
 
 
 def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, isa: str,
-                       fused: bool = True) -> Dict[str, object]:
+                       fused: bool = True) -> dict[str, object]:
     """Constexprs of one compiled variant (the fused launch unless `fused` is False)."""
     from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
     from mono_glm53.kernels.stages import NSTAGES

@@ -37,9 +37,7 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
 
 from __future__ import annotations
 
-from typing import Dict
-
-NUMERICS: Dict[str, float] = {
+NUMERICS: dict[str, float] = {
     "glm53_layer.hidden.cosine_min": 0.999,
     "glm53_layer.residual.cosine_min": 0.9999,
     "glm53_layer.mla_cache.cosine_min": 0.9999,
@@ -56,7 +54,7 @@ NUMERICS: Dict[str, float] = {
 }
 
 
-def failures(metrics: Dict[str, float]) -> Dict[str, tuple]:
+def failures(metrics: dict[str, float]) -> dict[str, tuple]:
     """The metrics outside their bound: {name: (value, bound)}."""
     bad = {}
     for k, v in metrics.items():

@@ -687,7 +687,7 @@ def _routing(lg_ptr, bias_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexp
     sc = tl.sigmoid(lg)
     b = sc + tl.load(bias_ptr + e)[None, :]
     sel = tl.zeros([BM, E], tl.int32)
-    for k in range(TOPE):
+    for _k in range(TOPE):
         bm = tl.where(sel == 0, b, -1e30)
         mx = tl.max(bm, 1)
         first = tl.min(tl.where(bm == mx[:, None], e[None, :], E), 1)
