@@ -186,6 +186,20 @@ def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = 
     return metrics
 
 
+def _capture_fused(k: GlmLayerKernel, caches) -> torch.cuda.CUDAGraph:
+    """One eager fused launch (compiles, warms), then the same launch captured in a graph."""
+    k.launch(caches, "fused")
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(g, stream=stream):
+            k.launch(caches, "fused")
+    torch.cuda.current_stream().wait_stream(stream)
+    return g
+
+
 def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 1000,
                        check_every: int = 100, device="cuda", seed: int = 0, weights=None) -> dict[str, float]:
     """Capture one fused launch in a CUDA graph and replay it `replays` times with new inputs
@@ -197,15 +211,7 @@ def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 10
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, device=device)
     caches = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
     k.set_inputs(c.hidden, c.residual, c.inputs)
-    k.launch(caches, "fused")
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(g, stream=stream):
-            k.launch(caches, "fused")
-    torch.cuda.current_stream().wait_stream(stream)
+    g = _capture_fused(k, caches)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     rtt = c.inputs.req_to_token
     worst = 0.0
@@ -250,15 +256,7 @@ def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> dict[str, float
 
 def fused_time_us(k: GlmLayerKernel, caches, reps: int = 50) -> float:
     """Median time of one fused launch replayed from a CUDA graph, microseconds."""
-    k.launch(caches, "fused")
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(g, stream=stream):
-            k.launch(caches, "fused")
-    torch.cuda.current_stream().wait_stream(stream)
+    g = _capture_fused(k, caches)
     ts = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
