@@ -158,6 +158,28 @@ def allocate(requests: Sequence[tuple[str, int, str]], group=None, device=None,
     return PeerBuffers(rank, world, regions, local, _tables(regions, bases, device), keep)
 
 
+def allocate_local(requests: Sequence[tuple[str, int, str]], world: int, device=None) -> list[PeerBuffers]:
+    """The buffers of `world` simulated ranks on ONE device, one `PeerBuffers` per rank, with
+    the tables `allocate` gives: each rank's regions are a separate allocation, reached by the
+    other ranks only through the address tables (nothing may rely on adjacency). For running
+    several ranks' launches side by side on one GPU (tests, benchmarks); zeroed once."""
+    import torch
+
+    if world < 1:
+        raise ValueError(f"world size must be >= 1, got {world}")
+    regions = plan(requests)
+    device = torch.device(device if device is not None else "cuda")
+    pools = {kind: [torch.zeros(max(1, pool_bytes(regions, kind)), dtype=torch.uint8, device=device)
+                    for _ in range(world)] for kind in ("data", "flags")}
+    bases = {kind: [p.data_ptr() for p in pools[kind]] for kind in pools}
+    tables = _tables(regions, bases, device)
+    out = []
+    for rank in range(world):
+        local = {r.name: pools[r.kind][rank][r.offset:r.offset + r.size] for r in regions}
+        out.append(PeerBuffers(rank, world, regions, local, tables, [pools]))
+    return out
+
+
 def _rocm_uncached_pool(nbytes: int, group, device):
     """Fine-grained uncached device memory shared through HIP IPC (ROCm only; not run here:
     no ROCm machine was available)."""

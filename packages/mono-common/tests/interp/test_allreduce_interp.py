@@ -80,3 +80,52 @@ def test_missing_peer_push_times_out_names_lane_and_aborts_all_ranks():
     assert sim.guard.abort[:, 0].tolist() == [1, 1, 1, 1]
     with pytest.raises(errors.MonoWaitTimeout, match="rank 0, program 0: observed 0, expected 1 \\(lane 2"):
         sim.guard.check(synchronize=False)
+
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from mono_common.device.allreduce import allreduce_push, allreduce_sum  # noqa: E402
+from mono_common.device.epochs import epoch_begin  # noqa: E402
+
+
+@triton.jit
+def _sum_kernel(part_ptr, out_ptr, M, epochs_ptr, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr,
+                deadline, P: tl.constexpr, W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                R: tl.constexpr, RP2: tl.constexpr, CLOCK: tl.constexpr, PHASE: tl.constexpr):
+    pid = tl.program_id(0)
+    rank = pid // P
+    program = pid % P
+    if PHASE == 1:
+        e = epoch_begin(epochs_ptr + pid)
+        allreduce_push(part_ptr + rank * M * W, W, M, e, mbox_tab, flag_tab, rank, program, P,
+                       W, BLOCK_N, BLOCK_M, R, RP2, False)
+    else:
+        e = tl.load(epochs_ptr + pid)
+        allreduce_sum(out_ptr + rank * M * W, W, M, e, mbox_tab, flag_tab, abort_ptr + rank * 2, abort_tab,
+                      err_ptr + rank * 16, rank, program, P, 0, deadline, W, BLOCK_N, BLOCK_M, R, RP2, R,
+                      CLOCK, 0, False, tl.float32)
+
+
+@pytest.mark.parametrize("R,M", [(2, 1), (3, 4)])
+def test_plain_sum_is_the_rank_order_fp32_sum_on_every_rank(R, M):
+    """allreduce_sum (no residual, no norm): every rank stores the fp32 sum of the pushed
+    partials in rank order 0..R-1; two launches in a row use both mailbox halves. fp32
+    partials: the interpreter truncates fp32 -> bf16, so the bf16 rounding is checked on the
+    H200 (mono-glm53's TP tests)."""
+    W, P = 128, 2
+    sim = _sim(R, M, W, torch.float32, P=P, BLOCK_N=64)
+    g = sim.guard
+    out = torch.zeros(R, M, W, dtype=torch.float32)
+    for seed in (5, 6):
+        parts = torch.randn(R, M, W, generator=torch.Generator().manual_seed(seed))
+        for phase in (1, 2):
+            _sum_kernel[(R * P,)](parts, out, M, sim.epochs, sim.mbox_tab, sim.flag_tab, g.abort, g.abort_tab,
+                                  g.errors, g.deadline, P=P, W=W, BLOCK_N=64, BLOCK_M=sim.BLOCK_M, R=R,
+                                  RP2=sim.RP2, CLOCK=g.clock, PHASE=phase)
+        g.check()
+        acc = parts[0].float()
+        for q in range(1, R):
+            acc = acc + parts[q].float()
+        for r in range(R):
+            assert torch.equal(out[r], acc), (seed, r)

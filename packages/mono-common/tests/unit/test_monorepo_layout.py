@@ -46,7 +46,16 @@ def test_each_package_is_a_hatchling_package_with_a_static_version(dist):
 def test_models_need_a_bounded_mono_common_and_no_sibling(dist):
     deps = _toml(ROOT / "packages" / dist / "pyproject.toml")["project"]["dependencies"]
     common = [d for d in deps if d.startswith("mono-common")]
-    assert common == ["mono-common>=0.1,<0.2"], deps
+    assert len(common) == 1, deps
+    m = re.fullmatch(r"mono-common>=([\d.]+),<([\d.]+)", common[0])
+    assert m, f"{dist}: mono-common needs a lower and an upper bound: {common[0]}"
+    have = re.search(r'^__version__ = "([\d.]+)"$',
+                     (ROOT / "packages/mono-common/src/mono_common/__about__.py").read_text(), re.M).group(1)
+
+    def v(x):
+        return tuple(int(p) for p in x.split("."))
+
+    assert v(m.group(1)) <= v(have) < v(m.group(2)), f"{dist} needs {common[0]}, the tree has {have}"
     assert not any(d.startswith(m) for d in deps for m in MODELS), deps
 
 

@@ -92,3 +92,19 @@ def test_handshake_mismatch_fails_on_every_rank_with_every_size(bad):
         assert f"rank {q}:" in msg
     assert "rank 2:" in msg and "<- differs from rank 0" in msg.split("rank 2:")[1].splitlines()[0]
     assert f"mbox={3 * MiB}B" in msg
+
+
+def test_allocate_local_gives_each_rank_its_own_zeroed_regions_and_the_tables():
+    torch = pytest.importorskip("torch")
+    reqs = [("mbox", 3 * MiB, "data"), ("flags", 100, "flags")]
+    bufs = peer.allocate_local(reqs, 3, device="cpu")
+    assert [b.rank for b in bufs] == [0, 1, 2] and all(b.world == 3 for b in bufs)
+    for name in ("mbox", "flags"):
+        tab = bufs[0].table[name]
+        assert tab.dtype == torch.int64
+        assert tab.tolist() == [b.local[name].data_ptr() for b in bufs]
+        assert len(set(tab.tolist())) == 3
+        assert all(b.table[name] is tab for b in bufs)
+    assert bufs[1].local["mbox"].numel() == 4 * MiB and int(bufs[1].local["mbox"].sum()) == 0
+    with pytest.raises(ValueError, match="world size"):
+        peer.allocate_local(reqs, 0, device="cpu")

@@ -356,11 +356,14 @@ def launcher_reasons() -> list[str]:
 
 
 def unwired_all_reduce_reason(tp_size: int) -> str | None:
-    """Why the kernel refuses TP above 1: its two all-reduce points are not wired yet.
+    """Why the kernel refuses TP above 1 in a server.
 
-    The layer kernel leaves both all-reduce points as the identity (one rank per launch);
-    at TP > 1 each rank would keep its partial sums, a wrong answer. The torch reference
-    layer (MONO_GLM53_LAYER=reference) reduces through SGLang and stays allowed.
+    The layer kernel all-reduces inside the launch (mono_common's one-shot all-reduce at both
+    points), tested with TP 2/4/8 ranks side by side on one GPU. The serving path does not yet
+    allocate the peer buffers over SGLang's TP group (symmetric memory across GPUs, one set
+    per layer and width), and no several-GPU run has checked it, so a server at TP > 1 is
+    refused. The torch reference layer (MONO_GLM53_LAYER=reference) reduces through SGLang
+    and stays allowed.
     """
     import os
 
@@ -368,8 +371,9 @@ def unwired_all_reduce_reason(tp_size: int) -> str | None:
     if tp_size > 1 and kind == "kernel":
         return (
             f"tp_size {tp_size}: the mono-glm53 {_version()} layer kernel does not yet reduce "
-            "across TP ranks (its all-reduce points are single-rank), so it would return each "
-            "rank's partial sums; serve without --enable-amd-monokernel, or set "
+            "across TP ranks on several GPUs (its in-kernel all-reduce runs only for ranks side "
+            "by side on one GPU; the cross-GPU peer buffers are not allocated by the server "
+            "path); serve without --enable-amd-monokernel, or set "
             "MONO_GLM53_LAYER=reference to run the covered layers on the torch reference"
         )
     return None

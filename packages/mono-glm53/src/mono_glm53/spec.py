@@ -140,11 +140,17 @@ REQUIREMENTS = Requirements(
 #: SGLang (per-token groups of 128) but accumulates in another order, so the
 #: stream may differ by a few bf16 ULPs and a flipped fp8 rounding; an index key
 #: may differ by one e4m3 step (1/16 of its scale) where the rounding flips.
+#: The cosines are the kernel's own test bounds (mono_glm53.kernels.numerics: hidden
+#: 0.999, MLA row 0.9999, index key 0.999), so check mode flags what the kernel tests
+#: would: the stream's cosine against the reference was 0.9993..0.9996 on the H200 at real
+#: shapes, so the former 0.9995 would have flagged correct layers. stream.rel is the largest
+#: element error over the largest element: one e4m3 step of an expert input moves an output
+#: element by a few % of the row's maximum (3.04 % on the tiny model), hence 0.05.
 NUMERICS = Numerics(
     kind=NumericsKind.TOLERANCE,
     bounds={
-        "layer.stream.cosine": 0.9995,
-        "layer.stream.rel": 0.03,
+        "layer.stream.cosine": 0.999,
+        "layer.stream.rel": 0.05,
         "layer.kv.cosine": 0.9999,
         "layer.kv.rel": 0.02,
         "layer.index_k.cosine": 0.999,

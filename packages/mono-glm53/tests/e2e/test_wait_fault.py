@@ -1,13 +1,16 @@
 """An injected wait fault must stop ALL ranks: no token of the failed step reaches a client.
 
-Starts the TP server with the fault injection the kernel exposes (`MONO_GLM53_FAULT`,
-which the layer kernel's FAULT constexpr is built from: one rank never signals one stage,
-so its peers' guarded waits expire) and a short --watchdog-timeout, sends a request, and
+Starts the TP server with the kernel's fault injection (`MONO_GLM53_FAULT=rank1:stage7`,
+read by `mono_glm53.kernels.layer.fault_stage`: rank 1's program 0 never signals the hand-off
+into the MLA stage, so rank 1's other programs time out and its peers stop on the abort
+flag or their own all-reduce deadline) and a short --watchdog-timeout, sends a request, and
 requires: the request fails (no completion text), every TP rank's process exits (the
 server's process group is gone within the watchdog), and the log holds mono's error word
 ("guarded wait timed out" on one rank, "stopped on the abort flag" on the others).
-Needs the GPUs, the checkpoint (see _server.py) and the kernel's fault switch, which is
-the kernel team's (not landed when this was written). Never run here (no GPU).
+Needs the GPUs and the checkpoint (see _server.py), and a server that serves TP > 1 with the
+kernel, which the spec refuses today (no cross-GPU peer buffers yet). Never run here. The
+same fault on ranks side by side on one H200 is tests/kernels
+test_tp_injected_fault_on_one_rank_stops_every_rank.
 """
 
 from __future__ import annotations

@@ -50,3 +50,31 @@ def test_index_quant_matches_reference():
         rq, rs = index_k_quant(x) if plain else act_quant(x, 32, "ue8m0")
         assert torch.equal(s, rs.view(-1)), plain
         assert torch.equal((q & 0xFF).to(torch.uint8), rq.view(torch.uint8)), plain
+
+
+@triton.jit
+def _ktopk(scores_ptr, seqlen_ptr, topk_ptr, stride, W: tl.constexpr, TOPK: tl.constexpr, BT: tl.constexpr):
+    from mono_glm53.kernels.stages import stage_topk
+
+    stage_topk(tl.program_id(0), tl.num_programs(0), scores_ptr, stride, seqlen_ptr, topk_ptr, W, TOPK, True, BT)
+
+
+def test_radix_topk_selects_exactly_the_largest_with_ties_by_index():
+    """stage_topk's radix select: the TOPK largest of each row's first seq_len scores; among
+    scores equal to the threshold the lowest indices; negatives, -0.0 and many ties."""
+    g = torch.Generator().manual_seed(2)
+    W, L, TOPK = 3, 3000, 512
+    sc = torch.randn(W, L, generator=g)
+    sc[1] = torch.randint(-20, 20, (L,), generator=g).float() / 4  # heavy ties
+    sc[2, :1500] = -0.0
+    seq = torch.tensor([3000, 2001, 2999], dtype=torch.int32)
+    out = torch.full((W, TOPK), -1, dtype=torch.int32)
+    _ktopk[(2,)](sc, seq, out, sc.stride(0), W, TOPK, 256)
+    for r in range(W):
+        n = int(seq[r])
+        v = sc[r, :n]
+        thr = v.sort(descending=True).values[TOPK - 1]
+        want = set(torch.nonzero(v > thr).flatten().tolist())
+        ties = torch.nonzero(v == thr).flatten().tolist()
+        want |= set(ties[: TOPK - len(want)])
+        assert set(out[r].tolist()) == want, r

@@ -59,3 +59,65 @@ def test_graph_replays():
     s, w = _weights("tp8")
     r = graph_replay_check(s, 2, 4096, replays=1000, weights=w)
     assert r["checks"] == 10 and r["glm53_layer.graph_replay_vs_eager.max_abs"] == 0.0, r
+
+
+_FULL = {}
+
+
+def _full_weights():
+    from mono_glm53.config import REAL
+    from mono_glm53.weights import make_weights
+
+    if not _FULL:
+        _W.clear()
+        torch.cuda.empty_cache()
+        _FULL["w"] = make_weights(REAL, device="cuda", seed=0)
+    return _FULL["w"]
+
+
+@pytest.mark.parametrize("world", (2, 4, 8))
+def test_tp_ranks_all_reduce_in_kernel(world):
+    """TP 2/4/8: the ranks side by side on the one H200 (SMs // world programs each, in one
+    launch: layer.launch_side_by_side) all-reduce inside the fused launch; every rank equals decoder_layer_tp within
+    NUMERICS and all ranks hold the same bits, with and without random stage delays."""
+    from mono_glm53.config import REAL
+    from mono_glm53.kernels.harness import run_tp_case
+    from mono_glm53.kernels.numerics import failures
+
+    for rows in (2, 1):
+        m = run_tp_case(REAL, world, 2, rows, 4096, full_weights=_full_weights(), seed=world + rows,
+                        delay=20000)
+        assert not failures(m), (rows, m)
+        assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
+
+
+def test_injected_wait_fault_names_the_stage(monkeypatch):
+    """MONO_GLM53_FAULT=stage7: program 0 never signals the hand-off into the MLA stage; every
+    other program's guarded wait expires and the error word names that stage (report mode)."""
+    from mono_common.errors import MonoWaitTimeout
+    from mono_glm53.kernels.harness import build_case
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.reference import LayerCaches
+
+    monkeypatch.setenv("MONO_GUARD_MODE", "report")
+    monkeypatch.setenv("MONO_GLM53_FAULT", "stage7")
+    s, w = _weights("tp8")
+    c = build_case(s, 2, 1000, True, "cuda", seed=3, weights=w)
+    k = GlmLayerKernel(s, w, 2, max_seq_len=1000, deadline_s=0.5)
+    assert k.stall == 7
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
+    with pytest.raises(MonoWaitTimeout, match=r"stage 7 \(mla\)"):
+        k.guard.check()
+
+
+def test_tp_injected_fault_on_one_rank_stops_every_rank(monkeypatch):
+    """MONO_GLM53_FAULT=rank1:stage7 at TP 2 side by side: rank 1 times out at the MLA
+    hand-off, raises the shared abort flag, and rank 0 stops too (no hang)."""
+    from mono_glm53.config import REAL
+    from mono_glm53.kernels.harness import run_tp_case
+
+    monkeypatch.setenv("MONO_GLM53_FAULT", "rank1:stage7")
+    r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=0.5)
+    assert r["stopped"] == 1.0, r
+    assert "stage 7 (mla), rank 1" in r["message"] and "rank 0" in r["message"], r

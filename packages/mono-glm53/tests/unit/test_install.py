@@ -161,6 +161,10 @@ def test_missing_kernel_is_a_model_refusal(monkeypatch):
     mock_runtime(monkeypatch)
     monkeypatch.setenv("MONO_GLM53_LAYER", "kernel")
     monkeypatch.setitem(sys.modules, "mono_glm53.kernels.layer", None)  # the import fails
+    # ...also when an earlier test imported it (the package keeps the submodule attribute)
+    import mono_glm53.kernels
+
+    monkeypatch.delattr(mono_glm53.kernels, "layer", raising=False)
     model = support.TinyGlm(n_layers=4)
     with pytest.raises(ValueError, match=r"rank 0: the GLM-5.3 layer kernel \(mono_glm53\.kernels\.layer\) does not import"):
         install(model)

@@ -26,6 +26,8 @@ Buffers (each rank's have the same layout; the tables hold the base address of e
   mbox_tab  *i64 [R]: mailbox, elements of the partial's dtype, [2][R][BLOCK_M][W]
   flag_tab  *i64 [R]: flags, int32 [R][NBLK], zero once at allocation
   ssq_ptr   *f32 [BLOCK_M][NBLK] local scratch; ssq_cnt_ptr *i32 local counter, zero once
+`allreduce_sum` is phase 2 without the residual and the norm: the plain all-reduce of a
+partial (e.g. an MoE output), fp32 sum in rank order, one rounding to the output dtype.
 PHASES (constexpr bit mask 1|2|4) runs a subset, so the interpreter can run the phases as
 separate launches (its programs run one after another, so a fused launch would wait forever).
 """
@@ -112,6 +114,40 @@ def allreduce_reduce(resid_ptr, stride_resid, resid_out_ptr, stride_out, M, epoc
             done += 1
     if ok:
         signal(ssq_cnt_ptr, done, False)
+    return ok
+
+
+@triton.jit
+def allreduce_sum(out_ptr, stride_out, M, epoch, mbox_tab, flag_tab,
+                  abort_ptr, abort_tab, err_ptr, rank, program, nprog, stage, deadline,
+                  W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                  R: tl.constexpr, RP2: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
+                  FAULT: tl.constexpr, SYS: tl.constexpr, ELT: tl.constexpr):
+    """Wait for every rank's push of this program's blocks, store their fp32 sum (rank order
+    0..R-1, one rounding to out's dtype). Returns ok (False: the error word is written)."""
+    NBLK: tl.constexpr = W // BLOCK_N
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    par = epoch & 1
+    my_mbox = tl.load(mbox_tab + rank).to(tl.pointer_type(ELT))
+    my_flags = tl.load(flag_tab + rank).to(tl.pointer_type(tl.int32))
+    src = tl.arange(0, RP2)
+    src = tl.where(src < R, src, 0)
+    ok = tl.full([], 1, tl.int1)
+    for blk in range(program, NBLK, nprog):
+        if ok:
+            ok = wait_all_ge(my_flags + src * NBLK + blk, epoch, abort_ptr, abort_tab, err_ptr,
+                             rank, program, stage, deadline, NRANK, CLOCK, FAULT, SYS)
+        if ok:
+            c = blk * BLOCK_N + cols
+            slot = ((par * R) * BLOCK_M + rows[:, None]) * W + c[None, :]
+            acc = tl.load(my_mbox + slot, mask=rmask[:, None], other=0.0).to(tl.float32)
+            for p in range(1, R):
+                v = tl.load(my_mbox + slot + p * (BLOCK_M * W), mask=rmask[:, None], other=0.0)
+                acc = acc + v.to(tl.float32)
+            tl.store(out_ptr + rows[:, None] * stride_out + c[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
     return ok
 
 

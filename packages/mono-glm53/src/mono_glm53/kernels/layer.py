@@ -27,7 +27,8 @@ import torch
 
 from mono_glm53.config import GlmLayerShape
 
-__all__ = ["Plan", "make_plan", "GlmLayerKernel", "cos_sin_cache"]
+__all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
+           "cos_sin_cache"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -79,6 +80,10 @@ class Plan:
     BT: int
     BI: int
     TB: int
+    # tensor parallel (set by `make_tp_plan`): R ranks all-reduce in the kernel
+    R: int = 1
+    RP2: int = 2
+    ARB: int = 256
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -133,6 +138,62 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
     )
 
 
+def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world: int = 1) -> Plan:
+    """`make_plan` for `world` ranks all-reducing in the kernel (world 1: one rank, or one
+    shard run alone with identity all-reduces, as the single-GPU bench does)."""
+    if world > 1 and s.tp_size != world:
+        raise ValueError(f"shape is cut for tp_size={s.tp_size}, not for world={world}")
+    arb = 64  # a [rows, 256] fp32 sum tile per program spills at 255 registers
+    while s.hidden % arb:
+        arb //= 2
+    rp2 = 2
+    while rp2 < world:
+        rp2 *= 2
+    return dataclasses.replace(make_plan(s, width, indexer, nprog), R=world, RP2=rp2, ARB=arb)
+
+
+def peer_requests(s: GlmLayerShape, width: int, world: int) -> list[tuple[str, int, str]]:
+    """The peer regions a `world`-rank launch needs (mono_common.peer.allocate /
+    allocate_local): per all-reduce point a bf16 mailbox [2][R][ARM][H] (ARM: the width rounded up
+    to a power of two) and int32 flags [R][NBLK]."""
+    p = make_tp_plan(s, width, True, 1, world)
+    arm = 2 if width <= 2 else (4 if width <= 4 else 8)  # the kernel's mailbox rows (ARM)
+    if width > 8:
+        raise ValueError(f"width {width} > 8 is not built")
+    mbox = 2 * world * arm * s.hidden * 2
+    return [
+        ("glm53.ar1.mbox", mbox, "data"), ("glm53.ar1.flags", world * (s.hidden // p.ARB) * 4, "flags"),
+        ("glm53.ar2.mbox", mbox, "data"), ("glm53.ar2.flags", world * (s.hidden // p.BND) * 4, "flags"),
+    ]
+
+
+FAULT_ENV = "MONO_GLM53_FAULT"
+
+
+def fault_stage(rank: int, env: str | None = None) -> int:
+    """The stage hand-off this rank's program 0 skips (an injected wait fault), or -1.
+
+    MONO_GLM53_FAULT="stage<S>" (every rank) or "rank<R>:stage<S>" (rank R only), S in
+    1..14 (the hand-off into stage S, see stages.STAGE_NAMES); unset or empty: no fault."""
+    from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
+
+    v = (os.environ.get(FAULT_ENV, "") if env is None else env).strip().lower()
+    if not v:
+        return -1
+    want_rank, part = None, v
+    if ":" in v:
+        head, part = v.split(":", 1)
+        if not head.startswith("rank") or not head[4:].isdigit():
+            raise ValueError(f"{FAULT_ENV}={v!r}: expected 'rank<R>:stage<S>' or 'stage<S>'")
+        want_rank = int(head[4:])
+    if not part.startswith("stage") or not part[5:].isdigit() or not 1 <= int(part[5:]) < NSTAGES:
+        raise ValueError(f"{FAULT_ENV}={v!r}: the stage must be 'stage<S>' with S in 1..{NSTAGES - 1} "
+                         f"({', '.join(f'{i}={n}' for i, n in enumerate(STAGE_NAMES) if i)})")
+    if want_rank is not None and want_rank != rank:
+        return -1
+    return int(part[5:])
+
+
 def cos_sin_cache(s: GlmLayerShape, n_pos: int, device) -> torch.Tensor:
     """fp32 [n_pos, rope] = cos | sin, the values `mono_glm53.rope.rope_cos_sin` gives."""
     from mono_glm53.rope import rope_cos_sin
@@ -155,7 +216,14 @@ class GlmLayerKernel:
 
     def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
-                 device=None, deadline_s: float = 2.0, num_warps: int = 4):
+                 device=None, deadline_s: float = 2.0, num_warps: int = 4, world: int = 1,
+                 peers=None, guard=None, cooperative: bool = True):
+        """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
+        all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
+        regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
+        side by side on one GPU). `guard`: a mono_common Guard of `world` ranks shared by them
+        (one rank's expired wait raises the abort flag every rank polls). cooperative=False
+        launches the fused grid plainly (ranks side by side on one GPU each take part of it)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -165,7 +233,16 @@ class GlmLayerKernel:
         dev = torch.device(device) if device is not None else weights["input_layernorm.weight"].device
         self.device = dev
         self.nprog = nprog or _default_nprog(dev)
-        self.plan = make_plan(s, width, indexer, self.nprog)
+        if world > 1:
+            missing = [n for n, _, _ in peer_requests(s, width, world) if peers is None or n not in peers.table]
+            if missing or guard is None:
+                raise ValueError(f"a {world}-rank launch needs peer buffers with {missing or 'its regions'} "
+                                 "and a shared Guard of all ranks")
+        self.world = world
+        self.rank = peers.rank if world > 1 else 0
+        self.peers = peers
+        self.cooperative = cooperative
+        self.plan = make_tp_plan(s, width, indexer, self.nprog, world)
         self.num_warps = num_warps
         p = self.plan
         W = width
@@ -220,18 +297,41 @@ class GlmLayerKernel:
         self.slot_w = z(W, p.NSLOT)
         self.nslot = z(1, dtype=i32)
         self.inter = z(p.NSLOT, W, p.I, dtype=bf16)
-        # sync: one counter per stage hand-off, one epoch slot per program (zeroed once)
+        # all-reduce scratch (R > 1): point 1's bf16 partial and sum, point 2's bf16 partial
+        nar = W * s.hidden if world > 1 else 16
+        self.ap, self.ar1, self.dp = z(nar, dtype=bf16), z(nar, dtype=bf16), z(nar, dtype=bf16)
+        if world > 1:
+            self.ar_tabs = tuple(peers.table[n] for n in ("glm53.ar1.mbox", "glm53.ar1.flags",
+                                                          "glm53.ar2.mbox", "glm53.ar2.flags"))
+        else:
+            self.ar_tabs = (z(1, dtype=torch.int64),) * 4
+        # sync: one counter per stage hand-off, one epoch slot per program (zeroed once); fused
+        # and staged launches bump both alike, so they can be mixed step by step
         self.cnt = z(32, dtype=i32)
-        # fused and staged launches keep separate epochs (staged launches signal no counter)
-        self.epoch = {"fused": z(self.nprog, dtype=i32), "staged": z(self.nprog, dtype=i32)}
-        self.mcnt = {"fused": z(W * ng, dtype=i32), "staged": z(W * ng, dtype=i32)}
-        self.guard = Guard(1, device=dev, deadline_s=deadline_s,
-                           stage_names={i: n for i, n in enumerate(_stage_names())})
+        self.epoch = z(self.nprog, dtype=i32)
+        self.mcnt = z(W * ng, dtype=i32)
+        self.guard = guard if guard is not None else Guard(
+            1, device=dev, deadline_s=deadline_s, stage_names={i: n for i, n in enumerate(_stage_names())})
         self.cs = cos_sin_cache(s, max(self.max_seq_len, 1), dev)
         self._dummy_u8 = z(16, dtype=torch.uint8)
         self._dummy_f = z(16)
         self._dummy_bf = z(16, dtype=bf16)
         self._delay = 0
+        # the compiled kernels of the last launches ("fused", or the stage index), for their
+        # register/spill counts (`n_regs`, `n_spills` on a GPU)
+        self.compiled: dict = {}
+        self.stall = fault_stage(self.rank)
+        self._ptab = z(1, dtype=torch.int64)  # the pointer table of a side-by-side launch only
+
+    def reset_sync(self) -> None:
+        """Zero the epochs and counters (nothing may be in flight). Only for after a timing
+        loop that replayed single stages, which bumps their counters out of step; a one-rank
+        object only (peer flags of other ranks cannot be reset from here)."""
+        if self.world > 1:
+            raise RuntimeError("reset_sync is for one-rank kernels: peer flags would stay ahead")
+        self.cnt.zero_()
+        self.epoch.zero_()
+        self.mcnt.zero_()
 
     # ------------------------------------------------------------------ inputs
     def set_inputs(self, hidden: torch.Tensor, residual: torch.Tensor, inputs) -> None:
@@ -259,7 +359,7 @@ class GlmLayerKernel:
     def _args(self, caches, rtt, mode):
         s, w = self.s, self.w
         g = self.guard
-        abort, abort_tab, errs = g.args(0)
+        abort, abort_tab, errs = g.args(self.rank)
         wk = w.get("self_attn.indexer.wk.weight", self._dummy_u8)
         sk = w.get("self_attn.indexer.wk.weight_scale_inv", self._dummy_f)
         if s.indexer_fused:
@@ -291,10 +391,10 @@ class GlmLayerKernel:
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
             self.qabs, self.iq8, self.iwt, self.scores, self.scores.stride(0), self.part, self.ml,
-            self.mcnt[mode], self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
-            self.nslot, self.inter,
-            self.cnt, self.epoch[mode], abort, abort_tab, errs, 0, g.deadline, self._delay,
-        ) + self._scalars()
+            self.mcnt, self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
+            self.nslot, self.inter, self.ap, self.ar1, self.dp,
+            self.cnt, self.epoch, abort, abort_tab, errs, self.rank, g.deadline, self._delay, self.stall,
+        ) + self.ar_tabs + (self._ptab,) + self._scalars()
 
     def _scalars(self):
         s = self.s
@@ -323,22 +423,62 @@ class GlmLayerKernel:
         if mode == "fused":
             kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
                       num_warps=self.num_warps)
-            if self.device.type == "cuda" and GlmLayerKernel._coop is not False:
+            if self.device.type == "cuda" and self.cooperative and GlmLayerKernel._coop is not False:
                 # cooperative: the driver refuses a grid that cannot be co-resident
                 try:
-                    layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
+                    self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
                     GlmLayerKernel._coop = True
                     return self.out, self.res_out, self.topk
                 except (TypeError, KeyError):
                     GlmLayerKernel._coop = False
-            layer_kernel[grid](*args, **ce, **kw)
+            self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw)
         elif mode == "staged":
             for st in (stages if stages is not None else range(NSTAGES)):
-                layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
+                self.compiled[st] = layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
                                    FAULT=self.guard.fault, num_warps=self.num_warps)
         else:
             raise ValueError(mode)
         return self.out, self.res_out, self.topk
+
+
+def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int = 0) -> None:
+    """One fused launch running the R ranks `kernels` (world R, rank r at index r, each built
+    with nprog = P) side by side on one GPU: programs [r * P, (r + 1) * P) are rank r and read
+    rank r's arguments from a device pointer table (kernels on separate streams do not run
+    concurrently on every GPU, and peers that wait on each other must). Cooperative, so a grid
+    that cannot be co-resident fails at launch instead of deadlocking. Each kernel's fault
+    switch (MONO_GLM53_FAULT) applies to its own rank."""
+    import inspect
+
+    from mono_glm53.kernels.stages import NSTAGES, layer_kernel
+
+    R = len(kernels)
+    k0 = kernels[0]
+    if any(k.world != R for k in kernels) or [k.rank for k in kernels] != list(range(R)):
+        raise ValueError(f"side-by-side launch needs ranks 0..{R - 1} of one world of {R}")
+    if len({k.nprog for k in kernels}) != 1:
+        raise ValueError("every rank must be built with the same nprog")
+    names = list(inspect.signature(layer_kernel.fn).parameters)
+    rows = []
+    for k, c in zip(kernels, caches):
+        k._delay = int(delay)
+        a = k._args(c, k.rtt, "fused")
+        rows.append([t.data_ptr() for n, t in zip(names, a) if isinstance(t, torch.Tensor) and n != "ptab"])
+    stalls = [k.stall for k in kernels]
+    stall = -1
+    for r, st in enumerate(stalls):
+        if st >= 0:
+            stall = ((255 if all(x == st for x in stalls) else r) << 8) | st
+            break
+    ptab = torch.tensor(rows, dtype=torch.int64, device=k0.device)
+    args = list(k0._args(caches[0], k0.rtt, "fused"))
+    args[names.index("ptab")] = ptab
+    args[names.index("stall")] = stall
+    ce = k0.plan.constexprs()
+    layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
+                                  FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps,
+                                  launch_cooperative_grid=True)
+    k0._keep_ptab = ptab  # the launch reads it asynchronously
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -391,12 +531,12 @@ def kernel_signature() -> dict[str, str]:
 
 
 def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, isa: str,
-                       fused: bool = True) -> dict[str, object]:
+                       fused: bool = True, world: int = 1) -> dict[str, object]:
     """Constexprs of one compiled variant (the fused launch unless `fused` is False)."""
     from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
     from mono_glm53.kernels.stages import NSTAGES
 
-    ce = make_plan(s, width, indexer, nprog).constexprs()
+    ce = make_tp_plan(s, width, indexer, nprog, world).constexprs()
     ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce

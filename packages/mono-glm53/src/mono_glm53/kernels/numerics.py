@@ -24,14 +24,27 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
   * top-k: >= 95 % of each row's selected set shared with the reference (the boundary of
     the top-2048 is decided by fp32 scores whose inputs differ by bf16/e4m3 flips; measured
     0.954..0.97 at ctx 65536 on the H200, 1.0 on the CPU interpreter); equal as sets when
-    ctx <= index_topk (every token is selected). Tie-independent check: the reference's
-    scores of the kernel's selection, sorted, equal those of the reference's selection within
-    1e-3 of the row's largest |score| (score_gap_max): a swap at the boundary is a swap of two
-    (nearly) equal scores. Exact ties (e.g. tokens whose every head's q.k is negative score
-    exactly 0) are broken by index here and by torch.topk's order in the reference.
+    ctx <= index_topk (every token is selected). The selection itself is checked exactly,
+    conditioned on the kernel's own values (harness.conditioned): its scores equal the
+    reference's index_logits on the kernel's index q, head weights and index-K cache within
+    1e-5 of the row's largest |score| (fp32 summation order only), and no unselected token
+    scores above a selected one (own_order_violation_max = 0). The kernel's index q times
+    its head weights has cosine >= 0.999 with the reference's (one e4m3 step moves ~6 % of
+    an element). An end-to-end score gap against the reference's own scores is NOT bounded:
+    one e4m3 code step of q or k moves a score by a few % of the row's maximum (measured
+    0.01..0.03 on the H200), so it measures FP8 noise, not the selection.
+  * routing: the stream bound applies to rows whose routed experts equal the reference's.
+    A row whose expert set differs (a near-tie of two biased scores that a bf16 flip in h2
+    decides; measured: 1 row in ~40 cases) is covered conditioned on the kernel's h2: h2 has
+    cosine >= 0.9999 with the reference's, the reference's biased top-k on the kernel's h2
+    picks the kernel's experts up to an fp32 tie (tie_gap_max 1e-5: the kernel's choice may
+    score at most that much below the reference's), and the layer output has cosine >= 0.999
+    with the reference MoE on the kernel's h2. glm53_layer.routing.flipped_rows reports them.
   * fused vs staged, fused with random per-program delays vs without, graph replay vs eager:
     identical bits (same code, same reduction order: split-K partials and
     the attention combine are summed in fixed order by one program).
+  * TP ranks (R > 1, ranks side by side on one GPU): every rank holds the same output and
+    residual bits (one-shot all-reduce, fp32 sum in rank order on every rank).
   * caches outside the written rows: bit-identical to before the launch (pad rows write none).
 """
 
@@ -46,11 +59,17 @@ NUMERICS: dict[str, float] = {
     "glm53_layer.index_k.dequant_cosine_min": 0.999,
     "glm53_layer.index_k.scale_rel_max": 0.01,
     "glm53_layer.topk.overlap_min": 0.95,
-    "glm53_layer.topk.score_gap_max": 1e-3,
+    "glm53_layer.topk.own_order_violation_max": 0.0,
+    "glm53_layer.index_q.cosine_min": 0.999,
+    "glm53_layer.index_scores.rel_max": 1e-5,
+    "glm53_layer.h2.cosine_min": 0.9999,
+    "glm53_layer.routing_given_h2.tie_gap_max": 1e-5,
+    "glm53_layer.moe_given_h2.cosine_min": 0.999,
     "glm53_layer.fused_vs_staged.max_abs": 0.0,
     "glm53_layer.delay_vs_fused.max_abs": 0.0,
     "glm53_layer.graph_replay_vs_eager.max_abs": 0.0,
     "glm53_layer.untouched_cache.max_abs": 0.0,
+    "glm53_layer.tp_ranks_equal.max_abs": 0.0,
 }
 
 

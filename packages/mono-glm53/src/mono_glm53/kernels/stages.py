@@ -15,17 +15,19 @@ Stage list (index: what it does; who reads its output):
   4  ABSORB    per head: q_pe RoPE, q_nope @ W_UK -> qabs;  per index head: RoPE (+Hadamard),
                FP8 quant of index q, head weight * scale
   5  ISCORE    index scores over the context pages (FP8 keys from the paged cache)
-  6  TOPK      exact top-TOPK per row (radix-style bisection on order-preserving keys)
+  6  TOPK      exact top-TOPK per row (8-bit radix select on order-preserving keys)
   7  MLA       sparse MLA over the selected tokens, split over token chunks; the last chunk
                program of a (row, head group) combines the chunks (deterministic order)
   8  WUV       attn @ W_UV per (head, v block)
   9  OPROJ     FP8 GEMV o_proj (split-K)
-  10 POSTNORM  all-reduce point 1 (identity on one rank) + residual add + post RMSNorm
+  10 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
+               inside the stage) + residual add + post RMSNorm
   11 ROUTER    bf16 GEMV router logits (fp32, split-K)
   12 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
                FP8 GEMV gate_up for shared + unique routed experts (split-K)
   13 SILU      sum split-K partials, SiLU(g) * u -> inter (bf16)
   14 DOWN      FP8 GEMV down, weighted sum over the experts in fixed order; all-reduce point 2
+               (R > 1: each program pushes the tiles it computed, then sums its blocks)
 
 Numerics follow SGLang's decode path: bf16 rounding at the outputs of every linear and norm,
 per-token-group (block) FP8 quantisation of the activation before every FP8 GEMM (as
@@ -35,9 +37,11 @@ by the kernel's own helpers (`_rbf`: fp32->bf16 RNE, `_e4m3_bits`: fp32->e4m3 RN
 IEEE division) because the Triton 3.8 interpreter truncates fp32->bf16, misrounds fp32->fp8
 and computes bf16 tl.dot wrongly (`_dot` upcasts there).
 
-Cross-program hand-offs: every stage boundary of the fused launch is a counter that each
-program bumps once per step (release) and waits on for epoch * nprog (acquire, guarded wait
-with deadline and abort flag); the epoch is a per-program slot bumped by the kernel itself.
+Cross-program hand-offs: every stage boundary is a counter that each program bumps once per
+step (release; the staged launch bumps it too) and the fused launch waits on for
+epoch * nprog (acquire, guarded wait with deadline and abort flag); the epoch is a per-program
+slot bumped by the kernel itself. Cross-rank hand-offs (R > 1) are the flags of
+mono_common.device.allreduce, one set per all-reduce point, waited on with the same guard.
 Within the MLA stage the combine of the token chunks is done by the program that finishes a
 (row, head group)'s last chunk (an acq_rel counter, no wait). All split-K partials are summed
 by their consumer in fixed order, so fused and staged results are bit-identical.
@@ -48,6 +52,7 @@ import os
 import triton
 import triton.language as tl
 
+from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 
@@ -508,17 +513,32 @@ def stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr,
                     tl.store(topk_ptr + m * TOPK + c0 + j, tl.where(c0 + j < n, c0 + j, -1),
                              mask=c0 + j < TOPK)
             else:
-                # exact threshold: the TOPK-th largest key, built bit by bit from the top
+                # exact threshold: the TOPK-th largest key, found radix-style 8 bits a pass
+                # from the top (4 passes over the scores instead of 32 for bit bisection):
+                # per pass, the histogram of the next digit among the keys that share the
+                # prefix found so far; the digit is the largest whose suffix count still
+                # reaches the number of keys left to place.
                 thr = tl.full([], 0, tl.int64)
-                for b in range(31, -1, -1):
-                    cand = thr + (tl.full([], 1, tl.int64) << b)
-                    cnt = tl.full([], 0, tl.int32)
+                need = tl.full([], TOPK, tl.int32)
+                dig = tl.arange(0, 256)
+                for ps in range(4):
+                    shift = 24 - 8 * ps
+                    hist = tl.zeros([256], tl.int32)
                     for c0 in range(0, n, BT):
                         inb = c0 + j < n
                         v = tl.load(scores_ptr + m * stride_sc + c0 + j, mask=inb, other=0.0)
-                        cnt += tl.sum(((_okey(v) >= cand) & inb).to(tl.int32), 0)
-                    if cnt >= TOPK:
-                        thr = cand
+                        key = _okey(v)
+                        match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
+                        d = ((key >> shift) & 255).to(tl.int32)
+                        # no histogram mask on every Triton: count the others as digit 0 and
+                        # take them off again
+                        hist += tl.histogram(tl.where(match, d, 0), 256)
+                        hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
+                    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with digit >= b
+                    b = tl.max(tl.where(suffix >= need, dig, 0), 0)
+                    above = tl.sum(tl.where(dig > b, hist, 0), 0)
+                    need -= above
+                    thr = thr | (b.to(tl.int64) << shift)
                 # every key > thr, then ties == thr in index order: deterministic
                 gt = tl.full([], 0, tl.int32)
                 for c0 in range(0, n, BT):
@@ -643,23 +663,56 @@ def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
 
 @triton.jit
 def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
-                   W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, KS9: tl.constexpr):
-    # TP all-reduce point 1. This build runs one rank per launch, where the sum over ranks is
-    # the identity; the multi-rank build calls mono_common.device.allreduce here (not wired).
+                   ap_ptr, ar1_ptr, cnt_ptr, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab,
+                   err_ptr, rank, deadline,
+                   W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
+                   KS9: tl.constexpr, R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
+                   CLOCK: tl.constexpr, FAULT: tl.constexpr):
+    """TP all-reduce point 1 + residual add + post-attention RMSNorm -> res_out, h2.
+
+    R == 1 (one rank, or a shard run alone): the o_proj output is this rank's sum. R > 1:
+    every program rounds its ARB-column blocks of the o_proj output to bf16 (the GEMM's
+    output dtype), pushes them to every rank (mono_common one-shot all-reduce), and stores
+    the fp32 rank-order sum rounded to bf16 (SGLang's all-reduce output) in ar1; after a
+    hand-off inside the stage (the norm needs whole rows) the rows are normed from ar1."""
     c = tl.arange(0, HB)
-    for m in range(pid, W, nprog):
-        ssq = tl.zeros([HB], tl.float32)
-        for h0 in range(0, H, HB):
-            a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
-            r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
-            tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
-            ssq += r * r
-        rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
-        for h0 in range(0, H, HB):
-            a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
-            r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
-            w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
-            tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+    ok = True
+    if R > 1:
+        ca = tl.arange(0, ARB)
+        for blk in range(pid, H // ARB, nprog):
+            for m in range(W):
+                a = _sum_splits(op_ptr, m, blk * ARB, W, H, KS9, ARB)
+                tl.store(ap_ptr + m * H + blk * ARB + ca, _rbf(a))
+        tl.debug_barrier()
+        ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
+        allreduce_push(ap_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, ARB, ARM, R, RP2, True)
+        ok = allreduce_sum(ar1_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
+                           pid, nprog, 10, deadline, H, ARB, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+        if ok:
+            signal(cnt_ptr + 20, 1, False)
+            ok = wait_ge(cnt_ptr + 20, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 10,
+                         deadline, R, CLOCK, FAULT, False)
+    if ok:
+        for m in range(pid, W, nprog):
+            ssq = tl.zeros([HB], tl.float32)
+            for h0 in range(0, H, HB):
+                if R > 1:
+                    a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
+                else:
+                    a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
+                r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
+                tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
+                ssq += r * r
+            rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
+            for h0 in range(0, H, HB):
+                if R > 1:
+                    a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
+                else:
+                    a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
+                r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
+                w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
+                tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+    return ok
 
 
 @triton.jit
@@ -760,9 +813,11 @@ def stage_silu(pid, nprog, gu_ptr, inter_ptr, nslot_ptr,
 
 @triton.jit
 def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-               nslot_ptr, out_ptr, routed_scale,
+               nslot_ptr, out_ptr, routed_scale, dp_ptr, epoch, mbox_tab, flag_tab, abort_ptr,
+               abort_tab, err_ptr, rank, deadline,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-               BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr):
+               BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
+               RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
     EB2: tl.constexpr = H * I
     NKB: tl.constexpr = (I + BLK - 1) // BLK
     SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
@@ -802,34 +857,63 @@ def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e
                 # fused_experts: bf16(y * weight) per slot, fp32 sum over the slots, x scale
                 routed += tl.where((wr != 0.0)[:, None], _bf16(y * wr[:, None]), 0.0)
         out = _bf16(routed * routed_scale) + shared
-        # TP all-reduce point 2: identity on one rank (see stage_postnorm)
-        tl.store(out_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
+        if R > 1:
+            tl.store(dp_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
+        else:
+            tl.store(out_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
+    # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
+    # by the program that computed it, summed in rank order into the layer output
+    ok = True
+    if R > 1:
+        tl.debug_barrier()
+        ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
+        allreduce_push(dp_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, BND, ARM, R, RP2, True)
+        ok = allreduce_sum(out_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
+                           pid, nprog, 14, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+    return ok
 
 
 # ----------------------------------------------------------------------------- the launch
 @triton.jit
 def _sync(cnt_ptr, s: tl.constexpr, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-          deadline, delay, FUSED: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
-    """Hand-off between stage s-1 and s of the fused launch: release this program's stage s-1
-    stores (counter s-1 += 1), then wait until every program did (counter >= epoch * nprog).
+          deadline, delay, stall, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
+          FAULT: tl.constexpr):
+    """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
+    s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
+    epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
+    so both modes share one epoch and one set of counters and can be mixed step by step.
 
     Returns ok (False: the error word is written, stop). delay > 0 spins a pseudo-random
-    0..delay ticks first (runtime, so the delay-injection test runs the product's binary)."""
+    0..delay ticks first (runtime, so the delay-injection test runs the product's binary).
+    stall == s: program 0 stops here without signalling (the injected wait fault of
+    MONO_GLM53_FAULT): every other program's wait on this hand-off must expire."""
     ok = True
-    if FUSED:
+    if (stall == s) & (pid == 0):
+        return False
+    if WAIT:
         if delay > 0:
             hsh = (pid * 1103515245 + epoch * 12345 + s * 7919) & 0x7FFFFFFF
             dl = (hsh % delay).to(tl.int64)
             t0 = now(CLOCK)
             while now(CLOCK) - t0 < dl:
                 pass
-        signal(cnt_ptr + (s - 1), 1, False)
+    signal(cnt_ptr + (s - 1), 1, False)
+    if WAIT:
         ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                     s, deadline, 1, CLOCK, FAULT, False)
+                     s, deadline, NRANK, CLOCK, FAULT, False)
     return ok
 
 
 @triton.jit
+def _rp(row, i: tl.constexpr, p):
+    """Pointer i of this rank's row of the simulated-ranks pointer table, typed like p."""
+    return tl.load(row + i).to(tl.pointer_type(p.dtype.element_ty))
+
+
+# rank and delay are never specialised: Triton would compile rank 1 (== 1) and delay values
+# apart, and ranks side by side on one GPU would then launch seconds apart (a compile between
+# them), past the peers' deadline.
+@triton.jit(do_not_specialize=["rank", "delay", "stall"])
 def layer_kernel(
     # per-step inputs, read from device memory (a captured graph replays with new values)
     x_ptr, res_ptr, pos_ptr, loc_ptr, seqlen_ptr, req_ptr, rtt_ptr, stride_rtt, prev_topk_ptr,
@@ -847,8 +931,10 @@ def layer_kernel(
     resid1_ptr, hn_ptr, qkva_ptr, ikw_ptr, qn_ptr, rope_ptr, iwraw_ptr, qb_ptr, iq_ptr,
     qabs_ptr, iq8_ptr, iwt_ptr, scores_ptr, stride_sc, part_ptr, ml_ptr, mcnt_ptr, attn_ptr,
     ov_ptr, op_ptr, h2_ptr, lg_ptr, gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr, inter_ptr,
-    # sync
-    cnt_ptr, epoch_ptr, abort_ptr, abort_tab, err_ptr, rank, deadline, delay,
+    ap_ptr, ar1_ptr, dp_ptr,
+    # sync; the all-reduce tables (every rank's mailbox / flags of each all-reduce point)
+    cnt_ptr, epoch_ptr, abort_ptr, abort_tab, err_ptr, rank, deadline, delay, stall,
+    ar1_mbox, ar1_flag, ar2_mbox, ar2_flag, ptab,
     # scalars
     eps, ln_eps, sm_scale, iwa, iwb, hscale, routed_scale, max_pages,
     # shape
@@ -863,14 +949,110 @@ def layer_kernel(
     KSQ: tl.constexpr, KS9: tl.constexpr, BNR: tl.constexpr, KSR: tl.constexpr,
     KSG: tl.constexpr, BND: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, VB: tl.constexpr,
     BT: tl.constexpr, BI: tl.constexpr, TB: tl.constexpr,
-    # mode
+    # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
+    # ARB the column block of all-reduce point 1
+    R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
+    # mode (SIM: R simulated ranks in one launch, see ptab)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
-    FAULT: tl.constexpr,
+    FAULT: tl.constexpr, SIM: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=14, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    if SIM:
+        # R ranks side by side in ONE launch (kernels on two streams do not overlap on every
+        # GPU): programs [r * P, (r + 1) * P) are rank r, reading every pointer from row r of
+        # ptab (the 81 pointer arguments of rank r, in signature order).
+        P = nprog // R
+        rank = pid // P
+        pid = pid % P
+        nprog = P
+        # stall = (rank << 8) | stage for one rank, (255 << 8) | stage for every rank, or -1
+        sr = stall >> 8
+        stall = tl.where((stall >= 0) & ((sr == 255) | (sr == rank)), stall & 255, -1)
+        row = ptab + rank * 81
+        x_ptr = _rp(row, 0, x_ptr)
+        res_ptr = _rp(row, 1, res_ptr)
+        pos_ptr = _rp(row, 2, pos_ptr)
+        loc_ptr = _rp(row, 3, loc_ptr)
+        seqlen_ptr = _rp(row, 4, seqlen_ptr)
+        req_ptr = _rp(row, 5, req_ptr)
+        rtt_ptr = _rp(row, 6, rtt_ptr)
+        prev_topk_ptr = _rp(row, 7, prev_topk_ptr)
+        kv_cache_ptr = _rp(row, 8, kv_cache_ptr)
+        idx_cache_ptr = _rp(row, 9, idx_cache_ptr)
+        cs_ptr = _rp(row, 10, cs_ptr)
+        w_in_ptr = _rp(row, 11, w_in_ptr)
+        wqkv_ptr = _rp(row, 12, wqkv_ptr)
+        sqkv_ptr = _rp(row, 13, sqkv_ptr)
+        wqa_ptr = _rp(row, 14, wqa_ptr)
+        wkva_ptr = _rp(row, 15, wkva_ptr)
+        wqb_ptr = _rp(row, 16, wqb_ptr)
+        sqb_ptr = _rp(row, 17, sqb_ptr)
+        wkc_ptr = _rp(row, 18, wkc_ptr)
+        wvc_ptr = _rp(row, 19, wvc_ptr)
+        wo_ptr = _rp(row, 20, wo_ptr)
+        so_ptr = _rp(row, 21, so_ptr)
+        w_post_ptr = _rp(row, 22, w_post_ptr)
+        wg_ptr = _rp(row, 23, wg_ptr)
+        bias_ptr = _rp(row, 24, bias_ptr)
+        w13_ptr = _rp(row, 25, w13_ptr)
+        s13_ptr = _rp(row, 26, s13_ptr)
+        w2_ptr = _rp(row, 27, w2_ptr)
+        s2_ptr = _rp(row, 28, s2_ptr)
+        wsh13_ptr = _rp(row, 29, wsh13_ptr)
+        ssh13_ptr = _rp(row, 30, ssh13_ptr)
+        wsh2_ptr = _rp(row, 31, wsh2_ptr)
+        ssh2_ptr = _rp(row, 32, ssh2_ptr)
+        wiq_ptr = _rp(row, 33, wiq_ptr)
+        siq_ptr = _rp(row, 34, siq_ptr)
+        wk_ptr = _rp(row, 35, wk_ptr)
+        sk_ptr = _rp(row, 36, sk_ptr)
+        wwp_ptr = _rp(row, 37, wwp_ptr)
+        lnw_ptr = _rp(row, 38, lnw_ptr)
+        lnb_ptr = _rp(row, 39, lnb_ptr)
+        out_ptr = _rp(row, 40, out_ptr)
+        res_out_ptr = _rp(row, 41, res_out_ptr)
+        topk_ptr = _rp(row, 42, topk_ptr)
+        resid1_ptr = _rp(row, 43, resid1_ptr)
+        hn_ptr = _rp(row, 44, hn_ptr)
+        qkva_ptr = _rp(row, 45, qkva_ptr)
+        ikw_ptr = _rp(row, 46, ikw_ptr)
+        qn_ptr = _rp(row, 47, qn_ptr)
+        rope_ptr = _rp(row, 48, rope_ptr)
+        iwraw_ptr = _rp(row, 49, iwraw_ptr)
+        qb_ptr = _rp(row, 50, qb_ptr)
+        iq_ptr = _rp(row, 51, iq_ptr)
+        qabs_ptr = _rp(row, 52, qabs_ptr)
+        iq8_ptr = _rp(row, 53, iq8_ptr)
+        iwt_ptr = _rp(row, 54, iwt_ptr)
+        scores_ptr = _rp(row, 55, scores_ptr)
+        part_ptr = _rp(row, 56, part_ptr)
+        ml_ptr = _rp(row, 57, ml_ptr)
+        mcnt_ptr = _rp(row, 58, mcnt_ptr)
+        attn_ptr = _rp(row, 59, attn_ptr)
+        ov_ptr = _rp(row, 60, ov_ptr)
+        op_ptr = _rp(row, 61, op_ptr)
+        h2_ptr = _rp(row, 62, h2_ptr)
+        lg_ptr = _rp(row, 63, lg_ptr)
+        gu_ptr = _rp(row, 64, gu_ptr)
+        slot_e_ptr = _rp(row, 65, slot_e_ptr)
+        slot_w_ptr = _rp(row, 66, slot_w_ptr)
+        nslot_ptr = _rp(row, 67, nslot_ptr)
+        inter_ptr = _rp(row, 68, inter_ptr)
+        ap_ptr = _rp(row, 69, ap_ptr)
+        ar1_ptr = _rp(row, 70, ar1_ptr)
+        dp_ptr = _rp(row, 71, dp_ptr)
+        cnt_ptr = _rp(row, 72, cnt_ptr)
+        epoch_ptr = _rp(row, 73, epoch_ptr)
+        abort_ptr = _rp(row, 74, abort_ptr)
+        abort_tab = _rp(row, 75, abort_tab)
+        err_ptr = _rp(row, 76, err_ptr)
+        ar1_mbox = _rp(row, 77, ar1_mbox)
+        ar1_flag = _rp(row, 78, ar1_flag)
+        ar2_mbox = _rp(row, 79, ar2_mbox)
+        ar2_flag = _rp(row, 80, ar2_flag)
     # The epoch: bumped by each program itself at the start of a step (the fused launch, or
     # the first staged launch), so counters only grow and a replayed graph needs no reset.
     if FIRST == 0:
@@ -886,14 +1068,14 @@ def layer_kernel(
         stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, W, H, HB)
     if FIRST <= 1 and LAST >= 1:
         ok = _sync(cnt_ptr, 1, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline,
-                   delay, FUSED and FIRST < 1, CLOCK, FAULT)
+                   delay, stall, FUSED and FIRST < 1, R, CLOCK, FAULT)
         if ok:
             stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr, wwp_ptr,
                        ikw_ptr, W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI)
     if FIRST <= 2 and LAST >= 2:
         if ok:
-            ok = _sync(cnt_ptr, 2, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 2, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 2, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 2, R, CLOCK, FAULT)
         if ok:
             stage_latent(pid, nprog, qkva_ptr, ikw_ptr, qn_ptr, wqa_ptr, wkva_ptr, kv_cache_ptr,
                          loc_ptr, pos_ptr, cs_ptr, rope_ptr, lnw_ptr, lnb_ptr, idx_cache_ptr,
@@ -901,15 +1083,15 @@ def layer_kernel(
                          KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX)
     if FIRST <= 3 and LAST >= 3:
         if ok:
-            ok = _sync(cnt_ptr, 3, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 3, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 3, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 3, R, CLOCK, FAULT)
         if ok:
             stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_ptr,
                      W, BM, QL, NQB, NIQ, INDEXER, BN, BLK, KS3, KSQ)
     if FIRST <= 4 and LAST >= 4:
         if ok:
-            ok = _sync(cnt_ptr, 4, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 4, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 4, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 4, R, CLOCK, FAULT)
         if ok:
             stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, iq_ptr,
                          iq8_ptr, iwraw_ptr, iwt_ptr, pos_ptr, cs_ptr, rope_ptr, iwa, iwb, hscale,
@@ -917,21 +1099,21 @@ def layer_kernel(
                          MLA_NEOX, IDX_NEOX)
     if FIRST <= 5 and LAST >= 5:
         if ok:
-            ok = _sync(cnt_ptr, 5, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 5, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 5, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 5, R, CLOCK, FAULT)
         if ok:
             stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_ptr, rtt_ptr,
                          stride_rtt, scores_ptr, max_pages, stride_sc, W, IH, IHP, ID, PG, TB, INDEXER)
     if FIRST <= 6 and LAST >= 6:
         if ok:
-            ok = _sync(cnt_ptr, 6, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 6, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 6, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 6, R, CLOCK, FAULT)
         if ok:
             stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, INDEXER, BT)
     if FIRST <= 7 and LAST >= 7:
         if ok:
-            ok = _sync(cnt_ptr, 7, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 7, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 7, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 7, R, CLOCK, FAULT)
         if ok:
             if INDEXER:
                 stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
@@ -943,48 +1125,51 @@ def layer_kernel(
                           W, NH, KVL, RD, TOPK, CT, HG)
     if FIRST <= 8 and LAST >= 8:
         if ok:
-            ok = _sync(cnt_ptr, 8, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 8, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 8, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 8, R, CLOCK, FAULT)
         if ok:
             stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr, W, BM, NH, KVL,
                       VD, VB)
     if FIRST <= 9 and LAST >= 9:
         if ok:
-            ok = _sync(cnt_ptr, 9, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 9, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 9, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 9, R, CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr, W, BM, H, NH * VD, BN, BLK, KS9)
     if FIRST <= 10 and LAST >= 10:
         if ok:
-            ok = _sync(cnt_ptr, 10, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 10, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 10, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 10, R, CLOCK, FAULT)
         if ok:
-            stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
-                           W, H, HB, KS9)
+            ok = stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
+                                ap_ptr, ar1_ptr, cnt_ptr, epoch, ar1_mbox, ar1_flag, abort_ptr, abort_tab,
+                                err_ptr, rank, deadline, W, BM, H, HB, KS9, R, RP2, ARB, CLOCK, FAULT)
     if FIRST <= 11 and LAST >= 11:
         if ok:
-            ok = _sync(cnt_ptr, 11, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 11, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 11, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 11, R, CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, W, BM, H, E, BNR, BLK, KSR)
     if FIRST <= 12 and LAST >= 12:
         if ok:
-            ok = _sync(cnt_ptr, 12, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 12, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 12, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 12, R, CLOCK, FAULT)
         if ok:
             stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2_ptr, w13_ptr, s13_ptr, wsh13_ptr,
                          ssh13_ptr, gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr,
                          W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT)
     if FIRST <= 13 and LAST >= 13:
         if ok:
-            ok = _sync(cnt_ptr, 13, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 13, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 13, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 13, R, CLOCK, FAULT)
         if ok:
             stage_silu(pid, nprog, gu_ptr, inter_ptr, nslot_ptr, W, I, KSG, BI, NSLOT)
     if FIRST <= 14 and LAST >= 14:
         if ok:
-            ok = _sync(cnt_ptr, 14, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay,
-                       FUSED and FIRST < 14, CLOCK, FAULT)
+            ok = _sync(cnt_ptr, 14, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
+                       FUSED and FIRST < 14, R, CLOCK, FAULT)
         if ok:
-            stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr,
-                       slot_w_ptr, nslot_ptr, out_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT)
+            ok = stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr,
+                            slot_w_ptr, nslot_ptr, out_ptr, routed_scale, dp_ptr, epoch, ar2_mbox, ar2_flag,
+                            abort_ptr, abort_tab, err_ptr, rank, deadline, W, BM, H, I, BND, BLK, NSLOT,
+                            R, RP2, CLOCK, FAULT)

@@ -1,0 +1,96 @@
+"""H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
+captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time,
+and (with --fault) a staged run that synchronises after every stage to find a faulting one.
+
+PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src python3 \
+    packages/mono-glm53/bench/diag_stages.py --out OUT [--fault tp1:4:4:4096]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+from mono_glm53.config import REAL
+from mono_glm53.kernels.harness import build_case, fused_time_us, stage_times_us
+from mono_glm53.kernels.layer import GlmLayerKernel
+from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
+from mono_glm53.reference import LayerCaches
+from mono_glm53.weights import make_weights
+
+
+def _shape(name):
+    return REAL.tp_shard(8, 0) if name == "tp8" else REAL
+
+
+def _regs(k):
+    out = {}
+    for key, ck in k.compiled.items():
+        name = key if isinstance(key, str) else STAGE_NAMES[key]
+        out[name] = {"regs": getattr(ck, "n_regs", None), "spills": getattr(ck, "n_spills", None),
+                     "shared": getattr(getattr(ck, "metadata", None), "shared", None)}
+    return out
+
+
+def timing(cases, out_dir):
+    res = []
+    weights = {}
+    for sname, width, ctx in cases:
+        if sname not in weights:
+            weights.clear()
+            torch.cuda.empty_cache()
+            weights[sname] = make_weights(_shape(sname), device="cuda", seed=0)
+        s = _shape(sname)
+        c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True)
+        caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+        k.set_inputs(c.hidden, c.residual, c.inputs)
+        st = stage_times_us(k, caches)
+        fu = fused_time_us(k, caches)
+        k.guard.check()
+        r = {"shape": sname, "width": width, "ctx": ctx, "fused_us": fu, "staged_sum_us": sum(st.values()),
+             "stages_us": st, "resources": _regs(k)}
+        print(json.dumps(r), flush=True)
+        res.append(r)
+    with open(os.path.join(out_dir, "diag_stages.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+def fault(spec):
+    sname, width, rows, ctx = spec.split(":")
+    width, rows, ctx = int(width), int(rows), int(ctx)
+    s = _shape(sname)
+    w = make_weights(s, device="cuda", seed=0)
+    c = build_case(s, rows, ctx, True, "cuda", seed=1, weights=w)
+    k = GlmLayerKernel(s, w, width, max_seq_len=ctx, indexer=True)
+    caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    for st in range(NSTAGES):
+        print(f"stage {st} {STAGE_NAMES[st]} ...", flush=True)
+        k.launch(caches, "staged", stages=[st])
+        torch.cuda.synchronize()
+    print("staged clean; nslot", int(k.nslot.item()), "NSLOT", k.plan.NSLOT, flush=True)
+    k.launch(caches, "fused")
+    torch.cuda.synchronize()
+    k.guard.check()
+    print("fused clean", flush=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--fault", default=None)
+    ap.add_argument("--cases", default="tp8:2:4096,tp8:2:65536,tp8:8:4096,tp1:2:4096")
+    a = ap.parse_args(argv)
+    if a.fault:
+        fault(a.fault)
+        return 0
+    cases = [(x.split(":")[0], int(x.split(":")[1]), int(x.split(":")[2])) for x in a.cases.split(",")]
+    timing(cases, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
