@@ -10,7 +10,7 @@ import sys
 import torch
 
 from mono_glm53.config import REAL
-from mono_glm53.kernels.harness import build_case, kernel_out
+from mono_glm53.kernels.harness import build_case, kernel_out, reference_out
 from mono_glm53.kernels.layer import GlmLayerKernel
 from mono_glm53.weights import make_weights
 
@@ -40,6 +40,11 @@ def main(sname, width, rows, ctx, reps):
     w = make_weights(s, device="cuda", seed=0)
     c = build_case(s, rows, ctx, True, "cuda", seed=ctx + rows, weights=w)
     print("cache finite:", bool(torch.isfinite(c.caches.kv.float()).all()), flush=True)
+    for i in range(reps):
+        r_out, r_caches = reference_out(c)
+        fin = bool(torch.isfinite(r_out.hidden.float()).all() and torch.isfinite(r_out.residual.float()).all()
+                   and torch.isfinite(r_caches.kv.float()).all())
+        print("reference", i, "finite:", fin, flush=True)
     for mode in ("staged", "fused", "fused+delay"):
         k = GlmLayerKernel(s, w, width, max_seq_len=ctx)
         for i in range(reps):

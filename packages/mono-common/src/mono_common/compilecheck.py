@@ -89,7 +89,7 @@ def gpu_target(target: str):
     raise ValueError(f"unknown target {target!r}; known: {TARGETS}")
 
 
-def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any]):
+def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], pointer_align: int = 0):
     from triton.compiler import ASTSource
 
     sig = dict(signature)
@@ -100,7 +100,14 @@ def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any])
     if missing:
         raise ValueError(f"{fn.__name__}: no type or constexpr value for {missing}")
     sig = {n: sig[n] for n in names}
+    # A launch specialises every pointer argument whose address is 16-byte aligned (torch
+    # allocations are) with tt.divisibility 16; without it every access compiles scalar and
+    # the resources are not the launched kernel's.
+    attrs = {(i,): [["tt.divisibility", pointer_align]] for i, n in enumerate(names)
+             if pointer_align and str(sig[n]).startswith("*")}
     try:
+        if attrs:
+            return ASTSource(fn, sig, dict(constexprs), attrs)
         return ASTSource(fn, sig, dict(constexprs))
     except (TypeError, AssertionError):
         # Older Triton wanted constexprs keyed by argument index and absent from the signature.
@@ -156,15 +163,17 @@ def _amd_field(asm: str, key: str) -> int:
 
 def compile_kernel(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
                    target: str = "gfx950", *, num_warps: int = 4, num_stages: int = 2,
-                   **options) -> Resources:
+                   pointer_align: int = 0, **options) -> Resources:
     """Compile `fn` (a @triton.jit function) for `target` on the CPU; return its Resources.
 
     signature: Triton type strings for the runtime arguments ("*fp32", "*bf16", "i32", "i64",
-    "fp32"); constexprs: values of the constexpr arguments."""
+    "fp32"); constexprs: values of the constexpr arguments. pointer_align=16 compiles what a
+    launch with 16-byte aligned pointer arguments compiles (Triton's launch-time
+    specialisation); 0 assumes nothing about them."""
     import triton
 
     constexprs = dict(constexprs or {})
-    src = _ast_source(fn, signature, constexprs)
+    src = _ast_source(fn, signature, constexprs, pointer_align)
     opts = dict(num_warps=num_warps, num_stages=num_stages, **options)
     ck = triton.compile(src, target=gpu_target(target), options=opts)
     md = ck.metadata

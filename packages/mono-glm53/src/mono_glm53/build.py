@@ -161,12 +161,14 @@ class BuiltGlm53:
 
 class KernelLayer:
     """`CoveredLayer` on the Triton layer kernel (`mono_glm53.kernels.layer.GlmLayerKernel`):
-    one `GlmLayerKernel` per (layer, width), built lazily on the first step of that width
-    (eager warmup before capture), each holding its static input buffers; `run` copies the
-    step's rows in (device copies, capturable) and launches once ("fused") or once a
-    stage ("staged", MONO_GLM53_KERNEL_MODE=staged, for TRITON_INTERPRET=1 and bisecting).
-    Since SGLang routes only keys whose rows equal a built width, no row is a kernel pad row.
-    `guard.check()` (a host read) is not called here: the routed path never syncs."""
+    one `GlmLayerKernel` per width, shared by every covered layer (each launch passes its
+    layer's weights; the buffers are scratch between launches, and one step's layers run one
+    after another on one stream), built lazily on the first step of that width (eager warmup
+    before capture), holding its static input buffers; `run` copies the step's rows in
+    (device copies, capturable) and launches once ("fused") or once a stage ("staged",
+    MONO_GLM53_KERNEL_MODE=staged, for TRITON_INTERPRET=1 and bisecting). Since SGLang routes
+    only keys whose rows equal a built width, no row is a kernel pad row. `guard.check()` (a
+    host read) is not called here: the routed path never syncs."""
 
     def __init__(self, shape: Any, weights: dict, context: Any, max_seq_len: int, mode: str):
         from mono_glm53.kernels.layer import GlmLayerKernel
@@ -176,20 +178,19 @@ class KernelLayer:
         self.widths = tuple(context.widths)
         self.deadline_s = float(context.deadline_s)
         self.max_seq_len = int(max_seq_len)
-        self.kernels: dict[tuple[int, int], Any] = {}
+        self.kernels: dict[int, Any] = {}
 
     def kernel(self, layer_id: int, width: int, max_seq_len: int) -> Any:
         """Built on the first step of a width (eager warmup, before capture), for the page
         table's width: SGLang's req_to_token is [reqs, context_len], and the kernel's score
         stage must not be built for more pages than a page-table row holds."""
-        key = (layer_id, width)
-        if key not in self.kernels:
-            self.kernels[key] = self._cls(
+        if width not in self.kernels:
+            self.kernels[width] = self._cls(
                 self.shape, self.weights[layer_id], width=width,
                 max_seq_len=min(self.max_seq_len, int(max_seq_len)) if self.max_seq_len else int(max_seq_len),
                 indexer=True, deadline_s=self.deadline_s,
             )
-        return self.kernels[key]
+        return self.kernels[width]
 
     def run(self, layer_id, hidden, residual, step: StepInputs, caches: LayerCaches, prev_topk):
         rows = hidden.shape[0]
@@ -197,7 +198,7 @@ class KernelLayer:
             raise RuntimeError(f"mono-glm53: a step of {rows} rows has no built width ({self.widths})")
         k = self.kernel(layer_id, rows, step.max_seq_len)
         k.set_inputs(hidden, residual, step)
-        out, res, topk = k.launch(caches, mode=self.mode)
+        out, res, topk = k.launch(caches, mode=self.mode, weights=self.weights[layer_id])
         return out, res, topk
 
 

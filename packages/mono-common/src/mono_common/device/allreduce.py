@@ -75,12 +75,27 @@ def allreduce_push(part_ptr, stride_part, M, epoch, mbox_tab, flag_tab, rank, pr
 
 
 @triton.jit
-def allreduce_reduce(resid_ptr, stride_resid, resid_out_ptr, stride_out, M, epoch,
-                     mbox_tab, flag_tab, ssq_ptr, ssq_cnt_ptr,
-                     abort_ptr, abort_tab, err_ptr, rank, program, nprog, stage, deadline,
-                     W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                     R: tl.constexpr, RP2: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
-                     FAULT: tl.constexpr, SYS: tl.constexpr, ELT: tl.constexpr):
+def _sum_sources(my_mbox, par, rows, c, rmask, W: tl.constexpr, BLOCK_M: tl.constexpr, R: tl.constexpr):
+    """fp32 sum of the R sources' partials of columns c in this mailbox half, rank order."""
+    slot = ((par * R) * BLOCK_M + rows[:, None]) * W + c[None, :]
+    # Start from source 0 itself (not 0.0 + p0) so a -0.0 survives, as in torch. A runtime
+    # loop (not static_range) keeps the unrolled loads from spilling SGPRs on gfx950.
+    acc = tl.load(my_mbox + slot, mask=rmask[:, None], other=0.0).to(tl.float32)
+    for p in range(1, R):
+        v = tl.load(my_mbox + slot + p * (BLOCK_M * W), mask=rmask[:, None], other=0.0)
+        acc = acc + v.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _reduce_blocks(out_ptr, stride_out, resid_ptr, stride_resid, ssq_ptr, M, epoch, mbox_tab, flag_tab,
+                   abort_ptr, abort_tab, err_ptr, rank, program, nprog, stage, deadline,
+                   W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                   R: tl.constexpr, RP2: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
+                   FAULT: tl.constexpr, SYS: tl.constexpr, ELT: tl.constexpr, RESID: tl.constexpr):
+    """Phase 2 over this program's blocks: wait for every source's flag, sum the partials
+    (fp32, rank order), then either add the residual, store it and the block's sum of squares
+    (RESID) or store the sum. Returns (ok, blocks done)."""
     NBLK: tl.constexpr = W // BLOCK_N
     rows = tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -98,20 +113,29 @@ def allreduce_reduce(resid_ptr, stride_resid, resid_out_ptr, stride_out, M, epoc
                              rank, program, stage, deadline, NRANK, CLOCK, FAULT, SYS)
         if ok:
             c = blk * BLOCK_N + cols
-            slot = ((par * R) * BLOCK_M + rows[:, None]) * W + c[None, :]
-            # Start from source 0 itself (not 0.0 + p0) so a -0.0 survives, as in torch. A
-            # runtime loop (not static_range) keeps the unrolled loads from spilling SGPRs on gfx950.
-            acc = tl.load(my_mbox + slot, mask=rmask[:, None], other=0.0).to(tl.float32)
-            for p in range(1, R):
-                v = tl.load(my_mbox + slot + p * (BLOCK_M * W), mask=rmask[:, None], other=0.0)
-                acc = acc + v.to(tl.float32)
-            r = tl.load(resid_ptr + rows[:, None] * stride_resid + c[None, :], mask=rmask[:, None], other=0.0)
-            h = acc + r.to(tl.float32)
-            tl.store(resid_out_ptr + rows[:, None] * stride_out + c[None, :],
-                     h.to(resid_out_ptr.dtype.element_ty), mask=rmask[:, None])
-            ssq = tl.sum(tl.where(rmask[:, None], h * h, 0.0), 1)
-            tl.store(ssq_ptr + rows * NBLK + blk, ssq)
+            acc = _sum_sources(my_mbox, par, rows, c, rmask, W, BLOCK_M, R)
+            if RESID:
+                r = tl.load(resid_ptr + rows[:, None] * stride_resid + c[None, :], mask=rmask[:, None], other=0.0)
+                acc = acc + r.to(tl.float32)
+                ssq = tl.sum(tl.where(rmask[:, None], acc * acc, 0.0), 1)
+                tl.store(ssq_ptr + rows * NBLK + blk, ssq)
+            tl.store(out_ptr + rows[:, None] * stride_out + c[None, :],
+                     acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
             done += 1
+    return ok, done
+
+
+@triton.jit
+def allreduce_reduce(resid_ptr, stride_resid, resid_out_ptr, stride_out, M, epoch,
+                     mbox_tab, flag_tab, ssq_ptr, ssq_cnt_ptr,
+                     abort_ptr, abort_tab, err_ptr, rank, program, nprog, stage, deadline,
+                     W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                     R: tl.constexpr, RP2: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
+                     FAULT: tl.constexpr, SYS: tl.constexpr, ELT: tl.constexpr):
+    ok, done = _reduce_blocks(resid_out_ptr, stride_out, resid_ptr, stride_resid, ssq_ptr, M, epoch,
+                              mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank, program, nprog,
+                              stage, deadline, W, BLOCK_N, BLOCK_M, R, RP2, NRANK, CLOCK, FAULT, SYS,
+                              ELT, True)
     if ok:
         signal(ssq_cnt_ptr, done, False)
     return ok
@@ -125,29 +149,9 @@ def allreduce_sum(out_ptr, stride_out, M, epoch, mbox_tab, flag_tab,
                   FAULT: tl.constexpr, SYS: tl.constexpr, ELT: tl.constexpr):
     """Wait for every rank's push of this program's blocks, store their fp32 sum (rank order
     0..R-1, one rounding to out's dtype). Returns ok (False: the error word is written)."""
-    NBLK: tl.constexpr = W // BLOCK_N
-    rows = tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
-    par = epoch & 1
-    my_mbox = tl.load(mbox_tab + rank).to(tl.pointer_type(ELT))
-    my_flags = tl.load(flag_tab + rank).to(tl.pointer_type(tl.int32))
-    src = tl.arange(0, RP2)
-    src = tl.where(src < R, src, 0)
-    ok = tl.full([], 1, tl.int1)
-    for blk in range(program, NBLK, nprog):
-        if ok:
-            ok = wait_all_ge(my_flags + src * NBLK + blk, epoch, abort_ptr, abort_tab, err_ptr,
-                             rank, program, stage, deadline, NRANK, CLOCK, FAULT, SYS)
-        if ok:
-            c = blk * BLOCK_N + cols
-            slot = ((par * R) * BLOCK_M + rows[:, None]) * W + c[None, :]
-            acc = tl.load(my_mbox + slot, mask=rmask[:, None], other=0.0).to(tl.float32)
-            for p in range(1, R):
-                v = tl.load(my_mbox + slot + p * (BLOCK_M * W), mask=rmask[:, None], other=0.0)
-                acc = acc + v.to(tl.float32)
-            tl.store(out_ptr + rows[:, None] * stride_out + c[None, :],
-                     acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None])
+    ok, _ = _reduce_blocks(out_ptr, stride_out, out_ptr, stride_out, out_ptr, M, epoch, mbox_tab,
+                           flag_tab, abort_ptr, abort_tab, err_ptr, rank, program, nprog, stage,
+                           deadline, W, BLOCK_N, BLOCK_M, R, RP2, NRANK, CLOCK, FAULT, SYS, ELT, False)
     return ok
 
 

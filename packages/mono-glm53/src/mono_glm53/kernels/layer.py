@@ -194,13 +194,21 @@ def fault_stage(rank: int, env: str | None = None) -> int:
     return int(part[5:])
 
 
+_COS_SIN: dict[tuple, torch.Tensor] = {}
+
+
 def cos_sin_cache(s: GlmLayerShape, n_pos: int, device) -> torch.Tensor:
-    """fp32 [n_pos, rope] = cos | sin, the values `mono_glm53.rope.rope_cos_sin` gives."""
+    """fp32 [n_pos, rope] = cos | sin, the values `mono_glm53.rope.rope_cos_sin` gives. One
+    table per (rope dims, theta, positions, device), shared by every kernel object: at the
+    served context a table is tens of MB, and the server builds one kernel per width."""
     from mono_glm53.rope import rope_cos_sin
 
-    pos = torch.arange(n_pos, device=device)
-    c, sn = rope_cos_sin(pos, s.qk_rope, s.rope_theta)
-    return torch.cat((c, sn), dim=-1).contiguous()
+    key = (s.qk_rope, float(s.rope_theta), int(n_pos), str(torch.device(device)))
+    if key not in _COS_SIN:
+        pos = torch.arange(n_pos, device=device)
+        c, sn = rope_cos_sin(pos, s.qk_rope, s.rope_theta)
+        _COS_SIN[key] = torch.cat((c, sn), dim=-1).contiguous()
+    return _COS_SIN[key]
 
 
 def _default_nprog(device: torch.device) -> int:
@@ -356,8 +364,8 @@ class GlmLayerKernel:
             raise ValueError("max_seq_len larger than built for")
 
     # ------------------------------------------------------------------ launch
-    def _args(self, caches, rtt, mode):
-        s, w = self.s, self.w
+    def _args(self, caches, rtt, mode, weights=None):
+        s, w = self.s, (weights if weights is not None else self.w)
         g = self.guard
         abort, abort_tab, errs = g.args(self.rank)
         wk = w.get("self_attn.indexer.wk.weight", self._dummy_u8)
@@ -409,14 +417,16 @@ class GlmLayerKernel:
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB)
 
-    def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None):
+    def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None, weights=None):
         """Run the layer on the static inputs. mode "fused": one persistent launch; "staged":
-        one launch a stage (`stages` picks a subset, for per-stage timing). Returns
-        (out, res_out, topk) views of the static output buffers."""
+        one launch a stage (`stages` picks a subset, for per-stage timing). `weights`: another
+        layer's weight dict of the same shape (one kernel object serves every layer of a width:
+        its buffers are scratch between launches). Returns (out, res_out, topk) views of the
+        static output buffers."""
         from mono_glm53.kernels.stages import NSTAGES, layer_kernel
 
         self._delay = int(delay)
-        args = self._args(caches, self.rtt, mode)
+        args = self._args(caches, self.rtt, mode, weights)
         ce = self.plan.constexprs()
         clock = self.guard.clock
         grid = (self.nprog,)
@@ -537,6 +547,6 @@ def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, 
     from mono_glm53.kernels.stages import NSTAGES
 
     ce = make_tp_plan(s, width, indexer, nprog, world).constexprs()
-    ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0,
+    ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0, SIM=False,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce

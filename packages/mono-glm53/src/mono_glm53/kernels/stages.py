@@ -662,6 +662,19 @@ def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
 
 
 @triton.jit
+def _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W: tl.constexpr, H: tl.constexpr,
+                     HB: tl.constexpr, KS9: tl.constexpr, R: tl.constexpr):
+    """fp32 (attention output + residual) of row m, columns h0..h0+HB: the all-reduced bf16
+    sum (R > 1) or this rank's o_proj split-K sum rounded to bf16."""
+    c = tl.arange(0, HB)
+    if R > 1:
+        a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
+    else:
+        a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
+    return a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
+
+
+@triton.jit
 def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
                    ap_ptr, ar1_ptr, cnt_ptr, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab,
                    err_ptr, rank, deadline,
@@ -696,20 +709,12 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
         for m in range(pid, W, nprog):
             ssq = tl.zeros([HB], tl.float32)
             for h0 in range(0, H, HB):
-                if R > 1:
-                    a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
-                else:
-                    a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
-                r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
+                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R)
                 tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
                 ssq += r * r
             rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
             for h0 in range(0, H, HB):
-                if R > 1:
-                    a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
-                else:
-                    a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
-                r = a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
+                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R)
                 w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
                 tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
     return ok
