@@ -18,35 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 
 def _graph_median_us(fn, launches_per_graph=20, replays=60):
     """Median microseconds of one fn() call, timed as CUDA-graph replays of `launches_per_graph` calls."""
-    import torch
+    from mono_common.graph_timing import graph_median_us
 
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s), torch.cuda.graph(g, stream=s):
-        for _ in range(launches_per_graph):
-            fn()
-    torch.cuda.synchronize()
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / launches_per_graph)
-    return statistics.median(times)
+    return graph_median_us(fn, launches_per_graph, replays)
 
 
 def bench_handoff(G, K=100):

@@ -140,26 +140,10 @@ def _time_path(step, case: BenchCase, device: str, warmup: int, replays: int) ->
         return res
     torch.cuda.synchronize()
     kernels_eager = _count_kernels(step)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        step()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(replays):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+    from mono_common.graph_timing import capture, replay_us
+
+    graph = capture(step, warm=1)
+    ts = replay_us(graph, replays, warmup=warmup)
     kernels_graph = _count_kernels(graph.replay)
     torch.cuda.synchronize()
     if hasattr(step, "check"):

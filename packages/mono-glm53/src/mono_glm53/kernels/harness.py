@@ -8,6 +8,7 @@ kernel at `width` (pad rows beyond the real rows), and returns the NUMERICS metr
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import torch
 
@@ -331,16 +332,11 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
 
 def _capture_fused(k: GlmLayerKernel, caches) -> torch.cuda.CUDAGraph:
     """One eager fused launch (compiles, warms), then the same launch captured in a graph."""
+    from mono_common.graph_timing import capture
+
     k.launch(caches, "fused")
     torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(g, stream=stream):
-            k.launch(caches, "fused")
-    torch.cuda.current_stream().wait_stream(stream)
-    return g
+    return capture(lambda: k.launch(caches, "fused"))
 
 
 def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 1000,
@@ -383,31 +379,15 @@ def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> dict[str, float
     `reps` times in one CUDA graph, the median over 5 replays divided by `reps` (host launch
     cost excluded: with ~130 arguments Triton's launcher alone takes ~100 us a launch).
     Leaves the kernel's counters reset (`GlmLayerKernel.reset_sync`)."""
+    from mono_common.graph_timing import capture, replay_us
     from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
 
     k.launch(caches, "staged")
     torch.cuda.synchronize()
     out = {}
     for st in range(NSTAGES):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(g, stream=stream):
-                for _ in range(reps):
-                    k.launch(caches, "staged", stages=[st])
-        torch.cuda.current_stream().wait_stream(stream)
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(5):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(b) * 1000.0 / reps)
-        out[STAGE_NAMES[st]] = sorted(ts)[2]
+        g = capture(lambda: k.launch(caches, "staged", stages=[st]), reps)  # noqa: B023 - called now
+        out[STAGE_NAMES[st]] = statistics.median(replay_us(g, 5, per=reps, warmup=1))
         del g
     torch.cuda.synchronize()
     k.reset_sync()  # the replays bumped single stages' counters out of step
@@ -416,14 +396,7 @@ def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> dict[str, float
 
 def fused_time_us(k: GlmLayerKernel, caches, reps: int = 50) -> float:
     """Median time of one fused launch replayed from a CUDA graph, microseconds."""
-    g = _capture_fused(k, caches)
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000.0)
-    ts.sort()
+    from mono_common.graph_timing import replay_us
+
+    ts = sorted(replay_us(_capture_fused(k, caches), reps))
     return ts[len(ts) // 2]

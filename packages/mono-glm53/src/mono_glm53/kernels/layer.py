@@ -469,11 +469,12 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
     if len({k.nprog for k in kernels}) != 1:
         raise ValueError("every rank must be built with the same nprog")
     names = list(inspect.signature(layer_kernel.fn).parameters)
-    rows = []
+    rank_args = []
     for k, c in zip(kernels, caches):
         k._delay = int(delay)
-        a = k._args(c, k.rtt, "fused")
-        rows.append([t.data_ptr() for n, t in zip(names, a) if isinstance(t, torch.Tensor) and n != "ptab"])
+        rank_args.append(list(k._args(c, k.rtt, "fused")))
+    rows = [[t.data_ptr() for n, t in zip(names, a) if isinstance(t, torch.Tensor) and n != "ptab"]
+            for a in rank_args]
     stalls = [k.stall for k in kernels]
     stall = -1
     for r, st in enumerate(stalls):
@@ -481,7 +482,7 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
             stall = ((255 if all(x == st for x in stalls) else r) << 8) | st
             break
     ptab = torch.tensor(rows, dtype=torch.int64, device=k0.device)
-    args = list(k0._args(caches[0], k0.rtt, "fused"))
+    args = rank_args[0]  # rank 0's scalars; every rank's pointers come from ptab
     args[names.index("ptab")] = ptab
     args[names.index("stall")] = stall
     ce = k0.plan.constexprs()
