@@ -10,6 +10,7 @@ API (model packages use it in their compile tests):
     res = compile_kernel(fn, {"x_ptr": "*fp32", "n": "i32"}, {"BLOCK": 128}, "gfx950", num_warps=4)
     res.registers, res.shared_bytes, res.spills, res.max_resident(), res.asm["amdgcn"]
     compile_both(fn, signature, constexprs) -> {"gfx950": Resources, "sm_90": Resources}
+    compile_kernel(..., amd_buffer_ops=False): as a launch under triton_knobs.amd_buffer_ops(False)
     source_digest(fn_or_module, ...) -> sha256 hex of the kernel sources (for cache keys)
 Works with Triton 3.6 and 3.8 (differences are guarded with hasattr/try).
 """
@@ -163,19 +164,23 @@ def _amd_field(asm: str, key: str) -> int:
 
 def compile_kernel(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any] | None = None,
                    target: str = "gfx950", *, num_warps: int = 4, num_stages: int = 2,
-                   pointer_align: int = 0, **options) -> Resources:
+                   pointer_align: int = 0, amd_buffer_ops: bool = True, **options) -> Resources:
     """Compile `fn` (a @triton.jit function) for `target` on the CPU; return its Resources.
 
     signature: Triton type strings for the runtime arguments ("*fp32", "*bf16", "i32", "i64",
     "fp32"); constexprs: values of the constexpr arguments. pointer_align=16 compiles what a
     launch with 16-byte aligned pointer arguments compiles (Triton's launch-time
-    specialisation); 0 assumes nothing about them."""
+    specialisation); 0 assumes nothing about them. amd_buffer_ops=False compiles as a launch
+    under `mono_common.triton_knobs.amd_buffer_ops(False)` does."""
     import triton
+
+    from mono_common.triton_knobs import amd_buffer_ops as _buffer_ops
 
     constexprs = dict(constexprs or {})
     src = _ast_source(fn, signature, constexprs, pointer_align)
     opts = dict(num_warps=num_warps, num_stages=num_stages, **options)
-    ck = triton.compile(src, target=gpu_target(target), options=opts)
+    with _buffer_ops(amd_buffer_ops):
+        ck = triton.compile(src, target=gpu_target(target), options=opts)
     md = ck.metadata
     shared = int(getattr(md, "shared", 0) or 0)
     asm = dict(ck.asm)

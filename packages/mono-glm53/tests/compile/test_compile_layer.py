@@ -6,14 +6,12 @@ Variants (fused launch, grid = one program per SM (132, H200) or CU (256, MI355X
     built by the same code and tested on the H200 (tests/kernels), not served;
   * the single-rank ones the bench and the GPU tests run: the whole layer (TP1) and one TP8
     shard alone (identity all-reduce), widths 2, 4, 8.
-Each is compiled as a launch compiles it: pointer arguments specialised as 16-byte aligned
-(`compilecheck.compile_kernel(pointer_align=16)`, what Triton does for torch tensors) and the
-launch's num_stages. The test prints the resources and enforces: LDS/shared memory within one
-program per SM/CU, at least one resident program, and no VGPR spills on gfx950 (spills to
-scratch memory). NOT enforced, because not met yet (issue 5): zero SGPR spills on gfx950
-(~228 at the TP8 shard, width 2: the ~100 kernel arguments' pointers; the backend spills SGPRs
-into VGPR lanes, not memory) and zero spill bytes on sm_90 (4 bytes at the TP8 shard, width
-2, Triton 3.8's ptxas). Both are printed for every variant.
+Each is compiled as a launch compiles it (`layer.launch_options`, `layer._codegen_scope`):
+pointers 16-byte aligned (the kernel's one pointer argument, the table; the pointers read from
+it carry the same hint), the launch's num_stages, no AMD buffer ops, and maxnreg 255 on sm_90.
+The test prints the resources and enforces: LDS/shared memory within one program per SM/CU,
+at least one resident program, and no spills: no VGPR or SGPR spills on gfx950 (an SGPR spill
+goes to a VGPR lane or scratch), no spill bytes on sm_90.
 A compile takes 1-3 minutes on a 2-core CPU; `-k` picks a subset.
 """
 
@@ -22,6 +20,7 @@ import re
 import pytest
 
 from mono_common.compilecheck import compile_kernel, format_resources
+from mono_glm53.kernels.layer import MAXNREG_SM
 
 # (shape name, tp_size of the shape, world of the launch)
 SHAPES = {"tp1": (1, 1), "tp8-alone": (8, 1), "tp4": (4, 4), "tp8": (8, 8)}
@@ -30,6 +29,7 @@ ISAS = ("sm_90", "gfx950")
 GRID = {"sm_90": 132, "gfx950": 256}
 LIMIT = {"sm_90": 227 * 1024, "gfx950": 160 * 1024}
 STAGES = {"sm_90": 3, "gfx950": 2}  # Triton's launch defaults (the layer launch passes none)
+OPTIONS = {"sm_90": {"maxnreg": MAXNREG_SM}, "gfx950": {}}  # layer.launch_options
 
 VARIANTS = [(s, w, True) for s in SHAPES for w in WIDTHS] + [("tp8", w, False) for w in WIDTHS]
 
@@ -62,7 +62,7 @@ def _compile(isa, sname, width, indexer):
 
         ce = variant_constexprs(_shape(sname), width, indexer, GRID[isa], isa, world=SHAPES[sname][1])
         _RES[key] = compile_kernel(layer_kernel, _sig(), ce, isa, num_warps=4, num_stages=STAGES[isa],
-                                   pointer_align=16)
+                                   pointer_align=16, amd_buffer_ops=False, **OPTIONS[isa])
         print(f"{sname} w{width} indexer={indexer}: {format_resources(_RES[key])}")
     return _RES[key]
 
@@ -74,5 +74,9 @@ def test_variant_compiles_within_budget(isa, sname, width, indexer):
     assert r.shared_bytes <= LIMIT[isa], format_resources(r)
     assert r.max_resident() >= 1, format_resources(r)
     if isa == "gfx950":
-        vgpr_spills = int(re.search(r"\.vgpr_spill_count:\s*(\d+)", r.asm["amdgcn"]).group(1))
-        assert vgpr_spills == 0, format_resources(r)
+        for kind in ("vgpr", "sgpr"):
+            n = int(re.search(rf"\.{kind}_spill_count:\s*(\d+)", r.asm["amdgcn"]).group(1))
+            assert n == 0, f"{kind} spills: " + format_resources(r)
+        scratch = int(re.search(r"\.private_segment_fixed_size:\s*(\d+)", r.asm["amdgcn"]).group(1))
+        assert scratch == 0, f"scratch {scratch} B: " + format_resources(r)
+    assert r.spills == 0, format_resources(r)

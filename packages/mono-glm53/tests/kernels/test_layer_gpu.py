@@ -3,7 +3,8 @@
 Fused == reference within NUMERICS at the TP8-rank shard and the whole TP1 layer, widths
 2/4/8 (full and with a pad row), contexts 1000 / 4096 / 65536; fused == staged bit for bit
 (width 2); random per-program stage delays change no bit; 1000 replays of one captured graph
-with changing inputs equal eager launches; pad rows leave every other cache row untouched.
+with changing inputs equal eager launches; a pointer table first built inside a graph capture
+replays correctly; pad rows leave every other cache row untouched.
 """
 
 import pytest
@@ -59,6 +60,15 @@ def test_graph_replays():
     s, w = _weights("tp8")
     r = graph_replay_check(s, 2, 4096, replays=1000, weights=w)
     assert r["checks"] == 10 and r["glm53_layer.graph_replay_vs_eager.max_abs"] == 0.0, r
+
+
+def test_table_built_inside_graph_capture():
+    """A layer's pointer table first built during capture (new caches) replays correctly."""
+    from mono_glm53.kernels.harness import captured_table_check
+
+    s, w = _weights("tp8")
+    r = captured_table_check(s, 2, 4096, weights=w)
+    assert r["tables_built_in_capture"] == 1.0 and r["glm53_layer.captured_table_vs_eager.max_abs"] == 0.0, r
 
 
 _FULL = {}

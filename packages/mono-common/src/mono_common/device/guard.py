@@ -129,9 +129,11 @@ def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, w
         tl.atomic_xchg(err_ptr + _STATE, zero + 2, sem="release", scope="sys")
 
 
-# Cold path: a real call keeps its registers out of the hot loops (inlined twice per kernel it
-# pushed gfx950 kernels over the SGPR limit into spills).
-@triton.jit(noinline=True)
+# Cold path, inlined: on gfx950 a real call makes every scalar value live across a call site
+# spill into VGPR lanes (the call ABI clobbers SGPRs), which cost more than the inlined body
+# in a kernel with one wait per stage (mono-glm53's layer kernel: 2 SGPR spills with the call,
+# none inlined, Triton 3.8).
+@triton.jit
 def fail(abort_val, observed, expected, lane, waited, abort_tab, err_ptr, rank, program, stage,
          NRANK: tl.constexpr, FAULT: tl.constexpr):
     """Record why this program stops; raise the abort flag when the cause is our own timeout."""

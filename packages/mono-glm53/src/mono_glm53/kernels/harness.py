@@ -374,6 +374,34 @@ def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 10
     return {"glm53_layer.graph_replay_vs_eager.max_abs": worst, "replays": replays, "checks": checks}
 
 
+def captured_table_check(s: GlmLayerShape, width: int, ctx: int, device="cuda", seed: int = 0,
+                         weights=None) -> dict[str, float]:
+    """A launch whose pointer table is first built while a CUDA graph is being captured (caches
+    the kernel object has never seen, so `layer.device_table` copies from pinned memory inside
+    the capture): the graph's replay equals an eager launch on a copy of the same caches, in
+    the outputs and every cache byte. Returns {tables built in the capture, max_abs}."""
+    from mono_common.graph_timing import capture
+
+    c = build_case(s, width, ctx, True, device, seed, weights=weights)
+    k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, device=device)
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    k.launch(ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
+    torch.cuda.synchronize()
+    fresh = [ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()) for _ in range(2)]
+    n0 = len(k._tables)
+    g = capture(lambda: k.launch(fresh[0], "fused"))
+    built = len(k._tables) - n0
+    g.replay()
+    torch.cuda.synchronize()
+    got = [t.clone() for t in (k.out, k.res_out, k.topk)] + [fresh[0].kv, fresh[0].index_k]
+    k.launch(fresh[1], "fused")
+    torch.cuda.synchronize()
+    exp = [k.out, k.res_out, k.topk, fresh[1].kv, fresh[1].index_k]
+    worst = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, exp))
+    k.guard.check()
+    return {"tables_built_in_capture": float(built), "glm53_layer.captured_table_vs_eager.max_abs": worst}
+
+
 def stage_times_us(k: GlmLayerKernel, caches, reps: int = 20) -> dict[str, float]:
     """Per-stage GPU time of the staged launch, in microseconds: each stage's launch captured
     `reps` times in one CUDA graph, the median over 5 replays divided by `reps` (host launch

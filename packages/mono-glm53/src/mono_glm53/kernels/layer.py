@@ -13,6 +13,12 @@ seq_lens, req_pool_indices) that the kernel reads from memory, so a CUDA graph c
 `launch` replays with whatever the buffers hold. Rows past the step's real rows are pad rows:
 they compute (on zeros) but write no cache (their out_cache_loc is -1).
 
+Arguments: every tensor and runtime scalar of a launch goes into a device pointer table
+(`kernels.ptable`), built once per distinct set of addresses and kept (`GlmLayerKernel._table`:
+per layer, since each layer's weights and caches differ); the host checks each tensor's dtype
+and 16-byte alignment against its slot. Launches compile with no AMD buffer ops and maxnreg
+255 on CUDA (`launch_options`): see tests/compile for the resources this gives.
+
 Grid: `nprog` programs, by default the number of SMs (one resident program per SM); the fused
 launch is cooperative where Triton supports it, so an oversized grid fails at launch instead of
 deadlocking. Staged mode launches the same kernel once per stage with the same grid.
@@ -20,11 +26,14 @@ deadlocking. Staged mode launches the same kernel once per stage with the same g
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import struct
 
 import torch
 
+from mono_common.triton_knobs import amd_buffer_ops
 from mono_glm53.config import GlmLayerShape
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
@@ -329,7 +338,9 @@ class GlmLayerKernel:
         # register/spill counts (`n_regs`, `n_spills` on a GPU)
         self.compiled: dict = {}
         self.stall = fault_stage(self.rank)
-        self._ptab = z(1, dtype=torch.int64)  # the pointer table of a side-by-side launch only
+        # pointer tables by the addresses they hold (`_table`); never evicted: a captured
+        # graph may still read any of them
+        self._tables: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def reset_sync(self) -> None:
         """Zero the epochs and counters (nothing may be in flight). Only for after a timing
@@ -364,28 +375,26 @@ class GlmLayerKernel:
             raise ValueError("max_seq_len larger than built for")
 
     # ------------------------------------------------------------------ launch
-    def _args(self, caches, rtt, mode, weights=None):
+    def _tensors(self, caches, rtt, weights=None) -> list[torch.Tensor]:
+        """Every tensor of a launch, in the pointer-table order (`ptable.SLOTS`)."""
         s, w = self.s, (weights if weights is not None else self.w)
-        g = self.guard
-        abort, abort_tab, errs = g.args(self.rank)
+        abort, abort_tab, errs = self.guard.args(self.rank)
         wk = w.get("self_attn.indexer.wk.weight", self._dummy_u8)
         sk = w.get("self_attn.indexer.wk.weight_scale_inv", self._dummy_f)
         if s.indexer_fused:
             wwp = w["self_attn.indexer.wk_weights_proj.weight"]
         else:
             wwp = w["self_attn.indexer.weights_proj.weight"]
-        wkc, wvc = w["self_attn.w_kc"], w["self_attn.w_vc"]
         idx_cache = caches.index_k if caches.index_k is not None else self._dummy_u8
         sh13 = w.get("mlp.shared_experts.gate_up_proj.weight")
-        return (
-            self.x, self.res, self.pos, self.loc, self.seqlen, self.req, rtt, rtt.stride(0), self.prev_topk,
+        return [
+            self.x, self.res, self.pos, self.loc, self.seqlen, self.req, rtt, self.prev_topk,
             caches.kv, idx_cache, self.cs,
             w["input_layernorm.weight"], _u8(w["self_attn.fused_qkv_a_proj_with_mqa.weight"]),
             w["self_attn.fused_qkv_a_proj_with_mqa.weight_scale_inv"],
             w["self_attn.q_a_layernorm.weight"], w["self_attn.kv_a_layernorm.weight"],
             _u8(w["self_attn.q_b_proj.weight"]), w["self_attn.q_b_proj.weight_scale_inv"],
-            wkc, wkc.stride(0), wkc.stride(1), wkc.stride(2),
-            wvc, wvc.stride(0), wvc.stride(1), wvc.stride(2),
+            w["self_attn.w_kc"], w["self_attn.w_vc"],
             _u8(w["self_attn.o_proj.weight"]), w["self_attn.o_proj.weight_scale_inv"],
             w["post_attention_layernorm.weight"], w["mlp.gate.weight"],
             w["mlp.gate.e_score_correction_bias"],
@@ -398,13 +407,34 @@ class GlmLayerKernel:
             w["self_attn.indexer.k_norm.weight"], w["self_attn.indexer.k_norm.bias"],
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
-            self.qabs, self.iq8, self.iwt, self.scores, self.scores.stride(0), self.part, self.ml,
+            self.qabs, self.iq8, self.iwt, self.scores, self.part, self.ml,
             self.mcnt, self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.ap, self.ar1, self.dp,
-            self.cnt, self.epoch, abort, abort_tab, errs, self.rank, g.deadline, self._delay, self.stall,
-        ) + self.ar_tabs + (self._ptab,) + self._scalars()
+            self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs,
+        ]
 
-    def _scalars(self):
+    def _table(self, tensors: list[torch.Tensor], rtt: torch.Tensor) -> torch.Tensor:
+        """The device pointer table of one launch's tensors, built once per distinct set of
+        addresses (per layer: weights and caches; the buffers are this object's) and kept, so a
+        captured graph's launches keep reading valid tables."""
+        scalars = self._scalars(rtt)
+        key = tuple(t.data_ptr() for t in tensors) + scalars
+        tab = self._tables.get(key)
+        if tab is None:
+            tab = device_table([(tensors, scalars)], self.device)
+            self._tables[key] = tab
+        return tab[0]
+
+    def _args(self, caches, rtt, mode, weights=None, ptab=None):
+        """The launch arguments in `layer_kernel`'s order: the pointer table, then scalars."""
+        w = weights if weights is not None else self.w
+        wkc, wvc = w["self_attn.w_kc"], w["self_attn.w_vc"]
+        if ptab is None:
+            ptab = self._table(self._tensors(caches, rtt, weights), rtt)
+        return (ptab, wkc.stride(0), wkc.stride(1), wkc.stride(2), wvc.stride(0), wvc.stride(1), wvc.stride(2))
+
+    def _scalars(self, rtt) -> tuple:
+        """The launch's scalars in `ptable.SCALARS` order."""
         s = self.s
         if s.indexer_fused:
             # fused path: weights_raw * fp32(softmax_scale * ih^-0.5) * q_scale
@@ -415,7 +445,8 @@ class GlmLayerKernel:
             iwa = s.index_heads ** -0.5
             iwb = s.index_softmax_scale
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
-                s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB)
+                s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
+                rtt.stride(0), self.scores.stride(0), self.rank, self.guard.deadline, self._delay, self.stall)
 
     def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None, weights=None):
         """Run the layer on the static inputs. mode "fused": one persistent launch; "staged":
@@ -430,24 +461,26 @@ class GlmLayerKernel:
         ce = self.plan.constexprs()
         clock = self.guard.clock
         grid = (self.nprog,)
-        if mode == "fused":
-            kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
-                      num_warps=self.num_warps)
-            if self.device.type == "cuda" and self.cooperative and GlmLayerKernel._coop is not False:
-                # cooperative: the driver refuses a grid that cannot be co-resident
-                try:
-                    self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
-                    GlmLayerKernel._coop = True
-                    return self.out, self.res_out, self.topk
-                except (TypeError, KeyError):
-                    GlmLayerKernel._coop = False
-            self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw)
-        elif mode == "staged":
-            for st in (stages if stages is not None else range(NSTAGES)):
-                self.compiled[st] = layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
-                                   FAULT=self.guard.fault, num_warps=self.num_warps)
-        else:
-            raise ValueError(mode)
+        with _codegen_scope():
+            if mode == "fused":
+                kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
+                          num_warps=self.num_warps, **launch_options(self.device))
+                if self.device.type == "cuda" and self.cooperative and GlmLayerKernel._coop is not False:
+                    # cooperative: the driver refuses a grid that cannot be co-resident
+                    try:
+                        self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
+                        GlmLayerKernel._coop = True
+                        return self.out, self.res_out, self.topk
+                    except (TypeError, KeyError):
+                        GlmLayerKernel._coop = False
+                self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw)
+            elif mode == "staged":
+                for st in (stages if stages is not None else range(NSTAGES)):
+                    self.compiled[st] = layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
+                                                           FAULT=self.guard.fault, num_warps=self.num_warps,
+                                                           **launch_options(self.device))
+            else:
+                raise ValueError(mode)
         return self.out, self.res_out, self.topk
 
 
@@ -458,8 +491,6 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
     concurrently on every GPU, and peers that wait on each other must). Cooperative, so a grid
     that cannot be co-resident fails at launch instead of deadlocking. Each kernel's fault
     switch (MONO_GLM53_FAULT) applies to its own rank."""
-    import inspect
-
     from mono_glm53.kernels.stages import NSTAGES, layer_kernel
 
     R = len(kernels)
@@ -468,28 +499,88 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
         raise ValueError(f"side-by-side launch needs ranks 0..{R - 1} of one world of {R}")
     if len({k.nprog for k in kernels}) != 1:
         raise ValueError("every rank must be built with the same nprog")
-    names = list(inspect.signature(layer_kernel.fn).parameters)
-    rank_args = []
-    for k, c in zip(kernels, caches):
+    for k in kernels:
         k._delay = int(delay)
-        rank_args.append(list(k._args(c, k.rtt, "fused")))
-    rows = [[t.data_ptr() for n, t in zip(names, a) if isinstance(t, torch.Tensor) and n != "ptab"]
-            for a in rank_args]
-    stalls = [k.stall for k in kernels]
-    stall = -1
-    for r, st in enumerate(stalls):
-        if st >= 0:
-            stall = ((255 if all(x == st for x in stalls) else r) << 8) | st
-            break
-    ptab = torch.tensor(rows, dtype=torch.int64, device=k0.device)
-    args = rank_args[0]  # rank 0's scalars; every rank's pointers come from ptab
-    args[names.index("ptab")] = ptab
-    args[names.index("stall")] = stall
+    rows = [(k._tensors(c, k.rtt), k._scalars(k.rtt)) for k, c in zip(kernels, caches)]
+    key = tuple(v for ts, sc in rows for v in [t.data_ptr() for t in ts] + list(sc))
+    tab = k0._tables.get(key)
+    if tab is None:
+        tab = device_table(rows, k0.device)
+        k0._tables[key] = tab
+    args = k0._args(caches[0], k0.rtt, "fused", ptab=tab[0])  # every rank's scalars are in its row
     ce = k0.plan.constexprs()
-    layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
-                                  FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps,
-                                  launch_cooperative_grid=True)
-    k0._keep_ptab = ptab  # the launch reads it asynchronously
+    with _codegen_scope():
+        layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
+                                      FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps,
+                                      launch_cooperative_grid=True, **launch_options(k0.device))
+
+
+def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(device int64 [len(rows), NSLOTS] table, its host source (CPU; pinned in a capture)) of rows of
+    (tensors in `ptable.SLOTS` order, scalars in `ptable.SCALARS` order): the tensors'
+    addresses, then the scalars (fp32 as their bits). Each tensor must have the dtype its slot declares (`ptable.DTYPES`), as the
+    kernel reads it, and be 16-byte aligned unless its slot is in `ptable.UNALIGNED`. On a GPU the copy is blocking, except while a CUDA graph is
+    being captured: then it is an async copy from pinned memory (the graph holds the copy;
+    the host tensor is kept with the table)."""
+    from mono_glm53.kernels.ptable import ALIGN, SCALARS, SLOTS, UNALIGNED
+
+    device = torch.device(device)
+    bad = []
+    for r, (ts, sc) in enumerate(rows):
+        if len(ts) != len(SLOTS) or len(sc) != len(SCALARS):
+            raise ValueError(f"pointer-table row {r} has {len(ts)} tensors and {len(sc)} scalars, "
+                             f"the table {len(SLOTS)} and {len(SCALARS)}")
+        for (name, dt), t in zip(SLOTS, ts):
+            if _TORCH_TO_TRITON.get(t.dtype) != "*" + dt:
+                bad.append(f"{name} is {t.dtype}, the kernel reads {dt}")
+            if name not in UNALIGNED and t.data_ptr() % ALIGN.value:
+                bad.append(f"{name} is not {ALIGN.value}-byte aligned (a view at an offset)")
+            # pinned host memory is device-addressable (the guard's error words live there)
+            if t.device.type != device.type and not (device.type == "cuda" and t.is_pinned()):
+                bad.append(f"{name} is on {t.device}, the launch on {device}")
+    if bad:
+        raise ValueError("mono-glm53 layer kernel: " + "; ".join(sorted(set(bad))))
+    host = torch.tensor([[t.data_ptr() for t in ts] + [_scalar_bits(v, dt) for v, (_, dt) in zip(sc, SCALARS)]
+                         for ts, sc in rows], dtype=torch.int64)
+    if device.type != "cuda":
+        return host, host
+    if not torch.cuda.is_current_stream_capturing():
+        # A blocking copy: the table is on the device before the launch is enqueued. (With an
+        # async copy from pinned memory here the H200 suite saw a new kernel object's first
+        # launch go wrong: non-finite qkva, NaN, illegal addresses; not yet re-run.)
+        return host.to(device), host
+    host = host.pin_memory()
+    dev = torch.empty(host.shape, dtype=torch.int64, device=device)
+    dev.copy_(host, non_blocking=True)
+    return dev, host
+
+
+# ptxas otherwise caps the fused kernel at 168 registers (a 3-CTA/SM target) and spills at
+# width 8; one program per SM is all the persistent grid runs, so let it take what it needs.
+MAXNREG_SM = 255
+
+
+def launch_options(device) -> dict:
+    """Launch options of every layer-kernel launch on `device` (beyond grid and num_warps)."""
+    if torch.device(device).type == "cuda" and not torch.version.hip:
+        return {"maxnreg": MAXNREG_SM}
+    return {}
+
+
+def _codegen_scope():
+    """What the layer kernel's launches compile under: no AMD buffer ops (their per-base scalar
+    descriptors spill gfx950's SGPRs in a kernel of ~80 table-loaded pointers; see
+    mono_common.triton_knobs). On CUDA nothing is switched (the knob is AMD-only)."""
+    if torch.version.hip:
+        return amd_buffer_ops(False)
+    return contextlib.nullcontext()
+
+
+def _scalar_bits(v, dtype: str) -> int:
+    """A scalar as its table slot holds it: fp32 bits in the low word, or the integer."""
+    if dtype == "fp32":
+        return struct.unpack("<I", struct.pack("<f", float(v)))[0]
+    return int(v)
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:

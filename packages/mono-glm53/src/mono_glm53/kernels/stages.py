@@ -37,6 +37,14 @@ by the kernel's own helpers (`_rbf`: fp32->bf16 RNE, `_e4m3_bits`: fp32->e4m3 RN
 IEEE division) because the Triton 3.8 interpreter truncates fp32->bf16, misrounds fp32->fp8
 and computes bf16 tl.dot wrongly (`_dot` upcasts there).
 
+Arguments: the kernel takes one device table (`ptable`: every tensor address and runtime
+scalar of the launch, one row per rank) plus the W_UK/W_UV strides (kept as arguments so
+Triton specialises a unit stride), and each stage loads the pointers it uses where it uses
+them (`_p`, 16-byte aligned like a specialised pointer argument). A pointer is then live for
+one stage only: as ~80 kernel arguments they sat in scalar registers for the whole launch and
+spilled on gfx950. Stages whose tiles fall in ranges (several GEMVs, a row's parts) loop over
+each range apart for the same reason (`_first_tile`).
+
 Cross-program hand-offs: every stage boundary is a counter that each program bumps once per
 step (release; the staged launch bumps it too) and the fused launch waits on for
 epoch * nprog (acquire, guarded wait with deadline and abort flag); the epoch is a per-program
@@ -55,6 +63,7 @@ import triton.language as tl
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
+from mono_glm53.kernels import ptable as P
 
 NSTAGES = 15
 STAGE_NAMES = (
@@ -70,6 +79,40 @@ _INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 # ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _p(row, slot: tl.constexpr, dt: tl.constexpr):
+    """The pointer in `slot` of a pointer-table row (`ptable`), as a pointer to `dt`, 16-byte
+    aligned (the host checks it): what Triton assumes of an aligned pointer argument, without
+    which every access compiles to scalar loads. Loaded where a stage needs it (after that
+    stage's acquire), so it is live for that stage only."""
+    # on the pointer: Triton 3.8 drops a hint on the integer through the cast
+    return tl.multiple_of(tl.load(row + slot, volatile=True).to(tl.pointer_type(dt)), P.ALIGN)
+
+
+@triton.jit
+def _pu(row, slot: tl.constexpr, dt: tl.constexpr):
+    """`_p` for the slots of `ptable.UNALIGNED` (single words: nothing to vectorise)."""
+    return tl.load(row + slot, volatile=True).to(tl.pointer_type(dt))
+
+
+@triton.jit
+def _sf(row, slot: tl.constexpr):
+    """The fp32 scalar in `slot` of a pointer-table row (its low 4 bytes)."""
+    return tl.load((row + slot).to(tl.pointer_type(tl.float32)), volatile=True)
+
+
+@triton.jit
+def _sl(row, slot: tl.constexpr):
+    """The int64 scalar in `slot` of a pointer-table row."""
+    return tl.load(row + slot, volatile=True)
+
+
+@triton.jit
+def _si(row, slot: tl.constexpr):
+    """The integer scalar in `slot` of a pointer-table row, as int32."""
+    return tl.load(row + slot, volatile=True).to(tl.int32)
+
+
 @triton.jit
 def _dot(a, b):
     """bf16 x bf16 -> fp32 dot (operands are rounded to bf16 first)."""
@@ -159,22 +202,27 @@ def _rope_apply(x_ptr, pos, cs_ptr, RD: tl.constexpr, NEOX: tl.constexpr):
 
 
 @triton.jit
+def _first_tile(pid, nprog, base):
+    """The first tile index >= base that program pid takes (t = pid mod nprog): stages whose
+    tiles fall in consecutive ranges loop over each range apart with the same assignment."""
+    return base + (pid + nprog - base % nprog) % nprog
+
+
+@triton.jit
 def _hadamard(src_ptr, D: tl.constexpr, hscale):
-    """x[D] @ H_D * hscale, x read from memory in 16-row chunks (a [D, D] sign matrix in
-    registers would spill), Sylvester H[i, j] = (-1)^popcount(i & j), fp32."""
+    """x[D] @ H_D * hscale, x read from memory one element a step (a [D, D] sign matrix would
+    spill, and a [16, D] chunk summed over its rows is a cross-warp reduction whose offsets
+    hold scalar registers on gfx950), Sylvester H[i, j] = (-1)^popcount(i & j), fp32."""
     j = tl.arange(0, D)
-    r = tl.arange(0, 16)
     acc = tl.zeros([D], tl.float32)
-    for c0 in range(0, D, 16):
-        xc = tl.load(src_ptr + c0 + r)
-        a = (c0 + r)[:, None] & j[None, :]
+    for i in range(0, D):
+        a = i & j
         p = a ^ (a >> 16)
         p = p ^ (p >> 8)
         p = p ^ (p >> 4)
         p = p ^ (p >> 2)
         p = p ^ (p >> 1)
-        hm = tl.where((p & 1) == 0, 1.0, -1.0)
-        acc += tl.sum(xc[:, None] * hm, 0)
+        acc += tl.where((p & 1) == 0, 1.0, -1.0) * tl.load(src_ptr + i)
     return acc * hscale
 
 
@@ -293,63 +341,79 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     else:
         T2: tl.constexpr = 0
         T3: tl.constexpr = 0
-    for t in range(pid, T1 + T2 + T3, nprog):
-        if t < T1:
-            _gemv_tile(t, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BN, BLK, KS1, True)
-        elif t < T1 + T2:
-            if IDX_FUSED:
-                _gemv_tile(t - T1, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
-            else:
-                _gemv_tile(t - T1, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True)
+    # one loop per GEMV (same tile assignment as one loop over all): what each hoists out of
+    # its loop is then live during that loop only (gfx950 has ~100 scalar registers)
+    for t in range(pid, T1, nprog):
+        _gemv_tile(t, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BN, BLK, KS1, True)
+    for t in range(_first_tile(pid, nprog, T1), T1 + T2, nprog):
+        if IDX_FUSED:
+            _gemv_tile(t - T1, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
         else:
-            _gemv_tile(t - T1 - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
+            _gemv_tile(t - T1, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True)
+    for t in range(_first_tile(pid, nprog, T1 + T2), T1 + T2 + T3, nprog):
+        _gemv_tile(t - T1 - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
 
 
 @triton.jit
-def stage_latent(pid, nprog, qkva_ptr, ikw_ptr, qn_ptr, wqa_ptr, wkva_ptr, kv_cache_ptr, loc_ptr,
-                 pos_ptr, cs_ptr, rope_ptr, lnw_ptr, lnb_ptr, idx_cache_ptr, iwraw_ptr, eps, ln_eps,
-                 hscale,
+def stage_latent(pid, nprog, row,
                  W: tl.constexpr, QL: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
                  NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
                  KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
                  IDX_NEOX: tl.constexpr):
+    # Three small parts per row (tiles t = part * W + m), each its own loop loading its own
+    # pointers from the table: one loop over every part keeps what each part hoists (pointers,
+    # lane offsets) live through all of them, past gfx950's scalar registers.
     NIKW: tl.constexpr = ID + IH
-    NPART: tl.constexpr = 3 if INDEXER else 2
-    for t in range(pid, W * NPART, nprog):
-        m = t // NPART
-        part = t % NPART
-        pos = tl.load(pos_ptr + m).to(tl.int64)
-        loc = tl.load(loc_ptr + m).to(tl.int64)
-        if part == 0:
-            q = _bf16(_sum_splits(qkva_ptr, m, 0, W, NQKV, KS1, QL))
-            tl.store(qn_ptr + m * QL + tl.arange(0, QL), _rbf(_rmsnorm_vec(q, wqa_ptr, QL, eps)))
-        elif part == 1:
-            kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL))
-            kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
-            kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD))
-            # RoPE reads its partner lane from memory: park k_pe in this row's scratch slot
-            sp = rope_ptr + m * RD
-            tl.store(sp + tl.arange(0, RD), kpe)
-            tl.debug_barrier()
-            kr = _rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX)
-            if loc >= 0:  # pad rows (loc < 0) write no cache
-                base = kv_cache_ptr + loc * (KVL + RD)
-                tl.store(base + tl.arange(0, KVL), _rbf(kvn))
-                tl.store(base + KVL + tl.arange(0, RD), _rbf(kr))
-        else:
+    for t in range(_first_tile(pid, nprog, 0), W, nprog):
+        m = t
+        qkva_ptr = _p(row, P.QKVA, tl.float32)
+        qn_ptr = _p(row, P.QN, tl.bfloat16)
+        wqa_ptr = _p(row, P.WQA, tl.bfloat16)
+        eps = _sf(row, P.EPS)
+        q = _bf16(_sum_splits(qkva_ptr, m, 0, W, NQKV, KS1, QL))
+        tl.store(qn_ptr + m * QL + tl.arange(0, QL), _rbf(_rmsnorm_vec(q, wqa_ptr, QL, eps)))
+    for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
+        m = t - W
+        qkva_ptr = _p(row, P.QKVA, tl.float32)
+        rope_ptr = _p(row, P.ROPE, tl.float32)
+        cs_ptr = _p(row, P.CS, tl.float32)
+        wkva_ptr = _p(row, P.WKVA, tl.bfloat16)
+        eps = _sf(row, P.EPS)
+        pos = tl.load(_p(row, P.POS, tl.int64) + m)
+        loc = tl.load(_p(row, P.LOC, tl.int64) + m)
+        kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL))
+        kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
+        kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD))
+        # RoPE reads its partner lane from memory: park k_pe in this row's scratch slot
+        sp = rope_ptr + m * RD
+        tl.store(sp + tl.arange(0, RD), kpe)
+        tl.debug_barrier()
+        kr = _rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX)
+        if loc >= 0:  # pad rows (loc < 0) write no cache
+            base = _p(row, P.KV_CACHE, tl.bfloat16) + loc * (KVL + RD)
+            tl.store(base + tl.arange(0, KVL), _rbf(kvn))
+            tl.store(base + KVL + tl.arange(0, RD), _rbf(kr))
+    if INDEXER:
+        for t in range(_first_tile(pid, nprog, 2 * W), 3 * W, nprog):
+            m = t - 2 * W
+            ikw_ptr = _p(row, P.IKW, tl.float32)
+            rope_ptr = _p(row, P.ROPE, tl.float32)
+            cs_ptr = _p(row, P.CS, tl.float32)
+            pos = tl.load(_p(row, P.POS, tl.int64) + m)
             d = tl.arange(0, ID)
             rj = tl.arange(0, RD)
             k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID))
             wts = _sum_splits(ikw_ptr, m, ID, W, NIKW, KSI, IH)
             if IDX_FUSED:
                 wts = _bf16(wts)  # the merged wk_weights_proj GEMM writes bf16
-            tl.store(iwraw_ptr + m * IH + tl.arange(0, IH), wts)
+            tl.store(_p(row, P.IWRAW, tl.float32) + m * IH + tl.arange(0, IH), wts)
             # LayerNorm with fp32 weight and bias
             mu = tl.sum(k, 0) / ID
             dk = k - mu
             var = tl.sum(dk * dk, 0) / ID
-            kn = dk * tl.rsqrt(var + ln_eps) * tl.load(lnw_ptr + d) + tl.load(lnb_ptr + d)
+            kn = (dk * tl.rsqrt(var + _sf(row, P.LN_EPS)) * tl.load(_p(row, P.LNW, tl.float32) + d)
+                  + tl.load(_p(row, P.LNB, tl.float32) + d))
             if not IDX_FUSED:
                 kn = _bf16(kn)  # unfused: LayerNorm out bf16, then rope, then Hadamard
             sp = rope_ptr + W * RD + m * ID
@@ -364,12 +428,13 @@ def stage_latent(pid, nprog, qkva_ptr, ikw_ptr, qn_ptr, wqa_ptr, wkva_ptr, kv_ca
                 tl.debug_barrier()
                 tl.store(sp + d, kk)
                 tl.debug_barrier()
-                kk = _bf16(_hadamard(sp, ID, hscale))
+                kk = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
             code, sc = _index_quant(kk, True)
+            loc = tl.load(_p(row, P.LOC, tl.int64) + m)
             if loc >= 0:
                 page = loc // PG
                 off = loc % PG
-                pb = idx_cache_ptr + page * (PG * (ID + 4))
+                pb = _p(row, P.IDX_CACHE, tl.uint8) + page * (PG * (ID + 4))
                 tl.store(pb + off * ID + d, code.to(tl.uint8))
                 sp32 = (pb + PG * ID).to(tl.pointer_type(tl.float32))
                 tl.store(sp32 + off, sc)
@@ -385,11 +450,10 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
         T2: tl.constexpr = ((NIQ + BN - 1) // BN) * KSQ
     else:
         T2: tl.constexpr = 0
-    for t in range(pid, T1 + T2, nprog):
-        if t < T1:
-            _gemv_tile(t, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BN, BLK, KS3, True)
-        else:
-            _gemv_tile(t - T1, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BN, BLK, KSQ, True)
+    for t in range(pid, T1, nprog):  # one loop per GEMV, as stage_qkva
+        _gemv_tile(t, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BN, BLK, KS3, True)
+    for t in range(_first_tile(pid, nprog, T1), T1 + T2, nprog):
+        _gemv_tile(t - T1, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BN, BLK, KSQ, True)
 
 
 @triton.jit
@@ -524,9 +588,11 @@ def stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr,
                 for ps in range(4):
                     shift = 24 - 8 * ps
                     hist = tl.zeros([256], tl.int32)
-                    for c0 in range(0, n, BT):
-                        inb = c0 + j < n
-                        v = tl.load(scores_ptr + m * stride_sc + c0 + j, mask=inb, other=0.0)
+                    # 256-key tiles: the histogram takes one lane ballot per digit bit per
+                    # key a thread holds, and at 1024 keys those held gfx950's SGPRs
+                    for c0 in range(0, n, 256):
+                        inb = c0 + dig < n
+                        v = tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0)
                         key = _okey(v)
                         match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
                         d = ((key >> shift) & 255).to(tl.int32)
@@ -546,7 +612,9 @@ def stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr,
                     v = tl.load(scores_ptr + m * stride_sc + c0 + j, mask=inb, other=0.0)
                     si = ((_okey(v) > thr) & inb).to(tl.int32)
                     slot = gt + tl.cumsum(si, 0) - si
-                    tl.store(topk_ptr + m * TOPK + slot, c0 + j, mask=si != 0)
+                    # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing
+                    # past the row (the rows after it, or past the buffer)
+                    tl.store(topk_ptr + m * TOPK + slot, c0 + j, mask=(si != 0) & (slot < TOPK))
                     gt += tl.sum(si, 0)
                 eq = gt
                 for c0 in range(0, n, BT):
@@ -880,9 +948,8 @@ def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e
 
 # ----------------------------------------------------------------------------- the launch
 @triton.jit
-def _sync(cnt_ptr, s: tl.constexpr, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-          deadline, delay, stall, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
-          FAULT: tl.constexpr):
+def _sync(row, s: tl.constexpr, epoch, nprog, pid,
+          WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
@@ -893,55 +960,34 @@ def _sync(cnt_ptr, s: tl.constexpr, epoch, nprog, abort_ptr, abort_tab, err_ptr,
     stall == s: program 0 stops here without signalling (the injected wait fault of
     MONO_GLM53_FAULT): every other program's wait on this hand-off must expire."""
     ok = True
-    if (stall == s) & (pid == 0):
+    if (_si(row, P.STALL) == s) & (pid == 0):
         return False
     if WAIT:
+        delay = _sl(row, P.DELAY)
         if delay > 0:
             hsh = (pid * 1103515245 + epoch * 12345 + s * 7919) & 0x7FFFFFFF
             dl = (hsh % delay).to(tl.int64)
             t0 = now(CLOCK)
             while now(CLOCK) - t0 < dl:
                 pass
+    cnt_ptr = _p(row, P.CNT, tl.int32)
     signal(cnt_ptr + (s - 1), 1, False)
     if WAIT:
-        ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                     s, deadline, NRANK, CLOCK, FAULT, False)
+        ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, _pu(row, P.ABORT, tl.int32),
+                     _p(row, P.ABORT_TAB, tl.int64), _p(row, P.ERR, tl.int64), _si(row, P.RANK), pid,
+                     s, _sl(row, P.DEADLINE), NRANK, CLOCK, FAULT, False)
     return ok
 
 
+# Every runtime value but the weight-absorption strides is in the table: rank, deadline, delay
+# and the fault stage too, so no value Triton would specialise on (rank 1, delay 0) varies
+# between ranks or launches, and none holds a scalar register for the whole launch.
 @triton.jit
-def _rp(row, i: tl.constexpr, p):
-    """Pointer i of this rank's row of the simulated-ranks pointer table, typed like p."""
-    return tl.load(row + i).to(tl.pointer_type(p.dtype.element_ty))
-
-
-# rank and delay are never specialised: Triton would compile rank 1 (== 1) and delay values
-# apart, and ranks side by side on one GPU would then launch seconds apart (a compile between
-# them), past the peers' deadline.
-@triton.jit(do_not_specialize=["rank", "delay", "stall"])
 def layer_kernel(
-    # per-step inputs, read from device memory (a captured graph replays with new values)
-    x_ptr, res_ptr, pos_ptr, loc_ptr, seqlen_ptr, req_ptr, rtt_ptr, stride_rtt, prev_topk_ptr,
-    # caches
-    kv_cache_ptr, idx_cache_ptr, cs_ptr,
-    # weights
-    w_in_ptr, wqkv_ptr, sqkv_ptr, wqa_ptr, wkva_ptr, wqb_ptr, sqb_ptr,
-    wkc_ptr, wkc_s0, wkc_s1, wkc_s2, wvc_ptr, wvc_s0, wvc_s1, wvc_s2,
-    wo_ptr, so_ptr, w_post_ptr, wg_ptr, bias_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr,
-    wsh13_ptr, ssh13_ptr, wsh2_ptr, ssh2_ptr, wiq_ptr, siq_ptr, wk_ptr, sk_ptr, wwp_ptr,
-    lnw_ptr, lnb_ptr,
-    # outputs
-    out_ptr, res_out_ptr, topk_ptr,
-    # scratch
-    resid1_ptr, hn_ptr, qkva_ptr, ikw_ptr, qn_ptr, rope_ptr, iwraw_ptr, qb_ptr, iq_ptr,
-    qabs_ptr, iq8_ptr, iwt_ptr, scores_ptr, stride_sc, part_ptr, ml_ptr, mcnt_ptr, attn_ptr,
-    ov_ptr, op_ptr, h2_ptr, lg_ptr, gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr, inter_ptr,
-    ap_ptr, ar1_ptr, dp_ptr,
-    # sync; the all-reduce tables (every rank's mailbox / flags of each all-reduce point)
-    cnt_ptr, epoch_ptr, abort_ptr, abort_tab, err_ptr, rank, deadline, delay, stall,
-    ar1_mbox, ar1_flag, ar2_mbox, ar2_flag, ptab,
-    # scalars
-    eps, ln_eps, sm_scale, iwa, iwb, hscale, routed_scale, max_pages,
+    # every tensor of the launch, one row of `ptable.SLOTS` (R rows when SIM)
+    ptab,
+    # strides
+    wkc_s0, wkc_s1, wkc_s2, wvc_s0, wvc_s1, wvc_s2,
     # shape
     W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, QL: tl.constexpr, KVL: tl.constexpr,
     RD: tl.constexpr, NOPE: tl.constexpr, VD: tl.constexpr, NH: tl.constexpr, IH: tl.constexpr,
@@ -957,7 +1003,7 @@ def layer_kernel(
     # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
     # ARB the column block of all-reduce point 1
     R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
-    # mode (SIM: R simulated ranks in one launch, see ptab)
+    # mode (SIM: R simulated ranks in one launch, row r of ptab each)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
 ):
@@ -965,101 +1011,22 @@ def layer_kernel(
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    row = ptab
     if SIM:
         # R ranks side by side in ONE launch (kernels on two streams do not overlap on every
-        # GPU): programs [r * P, (r + 1) * P) are rank r, reading every pointer from row r of
-        # ptab (the 81 pointer arguments of rank r, in signature order).
-        P = nprog // R
-        rank = pid // P
-        pid = pid % P
-        nprog = P
-        # stall = (rank << 8) | stage for one rank, (255 << 8) | stage for every rank, or -1
-        sr = stall >> 8
-        stall = tl.where((stall >= 0) & ((sr == 255) | (sr == rank)), stall & 255, -1)
-        row = ptab + rank * 81
-        x_ptr = _rp(row, 0, x_ptr)
-        res_ptr = _rp(row, 1, res_ptr)
-        pos_ptr = _rp(row, 2, pos_ptr)
-        loc_ptr = _rp(row, 3, loc_ptr)
-        seqlen_ptr = _rp(row, 4, seqlen_ptr)
-        req_ptr = _rp(row, 5, req_ptr)
-        rtt_ptr = _rp(row, 6, rtt_ptr)
-        prev_topk_ptr = _rp(row, 7, prev_topk_ptr)
-        kv_cache_ptr = _rp(row, 8, kv_cache_ptr)
-        idx_cache_ptr = _rp(row, 9, idx_cache_ptr)
-        cs_ptr = _rp(row, 10, cs_ptr)
-        w_in_ptr = _rp(row, 11, w_in_ptr)
-        wqkv_ptr = _rp(row, 12, wqkv_ptr)
-        sqkv_ptr = _rp(row, 13, sqkv_ptr)
-        wqa_ptr = _rp(row, 14, wqa_ptr)
-        wkva_ptr = _rp(row, 15, wkva_ptr)
-        wqb_ptr = _rp(row, 16, wqb_ptr)
-        sqb_ptr = _rp(row, 17, sqb_ptr)
-        wkc_ptr = _rp(row, 18, wkc_ptr)
-        wvc_ptr = _rp(row, 19, wvc_ptr)
-        wo_ptr = _rp(row, 20, wo_ptr)
-        so_ptr = _rp(row, 21, so_ptr)
-        w_post_ptr = _rp(row, 22, w_post_ptr)
-        wg_ptr = _rp(row, 23, wg_ptr)
-        bias_ptr = _rp(row, 24, bias_ptr)
-        w13_ptr = _rp(row, 25, w13_ptr)
-        s13_ptr = _rp(row, 26, s13_ptr)
-        w2_ptr = _rp(row, 27, w2_ptr)
-        s2_ptr = _rp(row, 28, s2_ptr)
-        wsh13_ptr = _rp(row, 29, wsh13_ptr)
-        ssh13_ptr = _rp(row, 30, ssh13_ptr)
-        wsh2_ptr = _rp(row, 31, wsh2_ptr)
-        ssh2_ptr = _rp(row, 32, ssh2_ptr)
-        wiq_ptr = _rp(row, 33, wiq_ptr)
-        siq_ptr = _rp(row, 34, siq_ptr)
-        wk_ptr = _rp(row, 35, wk_ptr)
-        sk_ptr = _rp(row, 36, sk_ptr)
-        wwp_ptr = _rp(row, 37, wwp_ptr)
-        lnw_ptr = _rp(row, 38, lnw_ptr)
-        lnb_ptr = _rp(row, 39, lnb_ptr)
-        out_ptr = _rp(row, 40, out_ptr)
-        res_out_ptr = _rp(row, 41, res_out_ptr)
-        topk_ptr = _rp(row, 42, topk_ptr)
-        resid1_ptr = _rp(row, 43, resid1_ptr)
-        hn_ptr = _rp(row, 44, hn_ptr)
-        qkva_ptr = _rp(row, 45, qkva_ptr)
-        ikw_ptr = _rp(row, 46, ikw_ptr)
-        qn_ptr = _rp(row, 47, qn_ptr)
-        rope_ptr = _rp(row, 48, rope_ptr)
-        iwraw_ptr = _rp(row, 49, iwraw_ptr)
-        qb_ptr = _rp(row, 50, qb_ptr)
-        iq_ptr = _rp(row, 51, iq_ptr)
-        qabs_ptr = _rp(row, 52, qabs_ptr)
-        iq8_ptr = _rp(row, 53, iq8_ptr)
-        iwt_ptr = _rp(row, 54, iwt_ptr)
-        scores_ptr = _rp(row, 55, scores_ptr)
-        part_ptr = _rp(row, 56, part_ptr)
-        ml_ptr = _rp(row, 57, ml_ptr)
-        mcnt_ptr = _rp(row, 58, mcnt_ptr)
-        attn_ptr = _rp(row, 59, attn_ptr)
-        ov_ptr = _rp(row, 60, ov_ptr)
-        op_ptr = _rp(row, 61, op_ptr)
-        h2_ptr = _rp(row, 62, h2_ptr)
-        lg_ptr = _rp(row, 63, lg_ptr)
-        gu_ptr = _rp(row, 64, gu_ptr)
-        slot_e_ptr = _rp(row, 65, slot_e_ptr)
-        slot_w_ptr = _rp(row, 66, slot_w_ptr)
-        nslot_ptr = _rp(row, 67, nslot_ptr)
-        inter_ptr = _rp(row, 68, inter_ptr)
-        ap_ptr = _rp(row, 69, ap_ptr)
-        ar1_ptr = _rp(row, 70, ar1_ptr)
-        dp_ptr = _rp(row, 71, dp_ptr)
-        cnt_ptr = _rp(row, 72, cnt_ptr)
-        epoch_ptr = _rp(row, 73, epoch_ptr)
-        abort_ptr = _rp(row, 74, abort_ptr)
-        abort_tab = _rp(row, 75, abort_tab)
-        err_ptr = _rp(row, 76, err_ptr)
-        ar1_mbox = _rp(row, 77, ar1_mbox)
-        ar1_flag = _rp(row, 78, ar1_flag)
-        ar2_mbox = _rp(row, 79, ar2_mbox)
-        ar2_flag = _rp(row, 80, ar2_flag)
+        # GPU): programs [r * P, (r + 1) * P) are rank r, reading its tensors from row r
+        P_ = nprog // R
+        row = ptab + (pid // P_) * P.NSLOTS
+        pid = pid % P_
+        nprog = P_
+    bf16: tl.constexpr = tl.bfloat16
+    f32: tl.constexpr = tl.float32
+    i32: tl.constexpr = tl.int32
+    i64: tl.constexpr = tl.int64
+    u8: tl.constexpr = tl.uint8
     # The epoch: bumped by each program itself at the start of a step (the fused launch, or
     # the first staged launch), so counters only grow and a replayed graph needs no reset.
+    epoch_ptr = _p(row, P.EPOCH, i32)
     if FIRST == 0:
         epoch = tl.load(epoch_ptr + pid) + 1
         tl.store(epoch_ptr + pid, epoch)
@@ -1070,111 +1037,129 @@ def layer_kernel(
     NIQ: tl.constexpr = IH * ID
     ok = True
     if FIRST <= 0 and LAST >= 0:
-        stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, W, H, HB)
+        stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
+                      _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), W, H, HB)
     if FIRST <= 1 and LAST >= 1:
-        ok = _sync(cnt_ptr, 1, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline,
-                   delay, stall, FUSED and FIRST < 1, R, CLOCK, FAULT)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R,
+                   CLOCK, FAULT)
         if ok:
-            stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr, wwp_ptr,
-                       ikw_ptr, W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI)
+            stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
+                       _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
+                       _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI)
     if FIRST <= 2 and LAST >= 2:
         if ok:
-            ok = _sync(cnt_ptr, 2, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 2, R, CLOCK, FAULT)
+            ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_latent(pid, nprog, qkva_ptr, ikw_ptr, qn_ptr, wqa_ptr, wkva_ptr, kv_cache_ptr,
-                         loc_ptr, pos_ptr, cs_ptr, rope_ptr, lnw_ptr, lnb_ptr, idx_cache_ptr,
-                         iwraw_ptr, eps, ln_eps, hscale, W, QL, KVL, RD, NQKV, ID, IH, PG, KS1,
-                         KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX)
+            stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
+                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX)
     if FIRST <= 3 and LAST >= 3:
         if ok:
-            ok = _sync(cnt_ptr, 3, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 3, R, CLOCK, FAULT)
+            ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_ptr,
+            stage_qb(pid, nprog, _p(row, P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
+                     _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      W, BM, QL, NQB, NIQ, INDEXER, BN, BLK, KS3, KSQ)
     if FIRST <= 4 and LAST >= 4:
         if ok:
-            ok = _sync(cnt_ptr, 4, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 4, R, CLOCK, FAULT)
+            ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, iq_ptr,
-                         iq8_ptr, iwraw_ptr, iwt_ptr, pos_ptr, cs_ptr, rope_ptr, iwa, iwb, hscale,
+            stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
+                         _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
+                         _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
+                         _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
                          MLA_NEOX, IDX_NEOX)
     if FIRST <= 5 and LAST >= 5:
         if ok:
-            ok = _sync(cnt_ptr, 5, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 5, R, CLOCK, FAULT)
+            ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_ptr, rtt_ptr,
-                         stride_rtt, scores_ptr, max_pages, stride_sc, W, IH, IHP, ID, PG, TB, INDEXER)
+            stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
+                         _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
+                         _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), W, IH, IHP, ID, PG, TB, INDEXER)
     if FIRST <= 6 and LAST >= 6:
         if ok:
-            ok = _sync(cnt_ptr, 6, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 6, R, CLOCK, FAULT)
+            ok = _sync(row, 6, epoch, nprog, pid, FUSED and FIRST < 6, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, INDEXER, BT)
+            stage_topk(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                       _p(row, P.TOPK, i32), W, TOPK, INDEXER, BT)
     if FIRST <= 7 and LAST >= 7:
         if ok:
-            ok = _sync(cnt_ptr, 7, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 7, R, CLOCK, FAULT)
+            ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R,
+                       CLOCK, FAULT)
         if ok:
+            # an indexer layer attends over its own top-k, a non-indexer layer over the last
+            # indexer layer's (prev_topk)
             if INDEXER:
-                stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
-                          part_ptr, ml_ptr, mcnt_ptr, attn_ptr, epoch, sm_scale,
-                          W, NH, KVL, RD, TOPK, CT, HG)
+                sel_ptr = _p(row, P.TOPK, i32)
             else:
-                stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, prev_topk_ptr, req_ptr, rtt_ptr,
-                          stride_rtt, part_ptr, ml_ptr, mcnt_ptr, attn_ptr, epoch, sm_scale,
-                          W, NH, KVL, RD, TOPK, CT, HG)
+                sel_ptr = _p(row, P.PREV_TOPK, i32)
+            stage_mla(pid, nprog, _p(row, P.QABS, f32), _p(row, P.KV_CACHE, bf16), sel_ptr,
+                      _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT), _p(row, P.PART, f32),
+                      _p(row, P.ML, f32), _p(row, P.MCNT, i32), _p(row, P.ATTN, bf16), epoch, _sf(row, P.SM_SCALE),
+                      W, NH, KVL, RD, TOPK, CT, HG)
     if FIRST <= 8 and LAST >= 8:
         if ok:
-            ok = _sync(cnt_ptr, 8, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 8, R, CLOCK, FAULT)
+            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr, W, BM, NH, KVL,
-                      VD, VB)
+            stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
+                      _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 9 and LAST >= 9:
         if ok:
-            ok = _sync(cnt_ptr, 9, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 9, R, CLOCK, FAULT)
+            ok = _sync(row, 9, epoch, nprog, pid, FUSED and FIRST < 9, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr, W, BM, H, NH * VD, BN, BLK, KS9)
+            stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
+                        _p(row, P.OP, f32), W, BM, H, NH * VD, BN, BLK, KS9)
     if FIRST <= 10 and LAST >= 10:
         if ok:
-            ok = _sync(cnt_ptr, 10, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 10, R, CLOCK, FAULT)
+            ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
+                       CLOCK, FAULT)
         if ok:
-            ok = stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
-                                ap_ptr, ar1_ptr, cnt_ptr, epoch, ar1_mbox, ar1_flag, abort_ptr, abort_tab,
-                                err_ptr, rank, deadline, W, BM, H, HB, KS9, R, RP2, ARB, CLOCK, FAULT)
+            ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
+                                _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
+                                _p(row, P.AP, bf16), _p(row, P.AR1, bf16), _p(row, P.CNT, i32), epoch,
+                                _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
+                                _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
+                                W, BM, H, HB, KS9, R, RP2, ARB, CLOCK, FAULT)
     if FIRST <= 11 and LAST >= 11:
         if ok:
-            ok = _sync(cnt_ptr, 11, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 11, R, CLOCK, FAULT)
+            ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, W, BM, H, E, BNR, BLK, KSR)
+            stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
+                         W, BM, H, E, BNR, BLK, KSR)
     if FIRST <= 12 and LAST >= 12:
         if ok:
-            ok = _sync(cnt_ptr, 12, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 12, R, CLOCK, FAULT)
+            ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2_ptr, w13_ptr, s13_ptr, wsh13_ptr,
-                         ssh13_ptr, gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr,
+            stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2, bf16),
+                         _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
+                         _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
+                         _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32),
                          W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT)
     if FIRST <= 13 and LAST >= 13:
         if ok:
-            ok = _sync(cnt_ptr, 13, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 13, R, CLOCK, FAULT)
+            ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
+                       CLOCK, FAULT)
         if ok:
-            stage_silu(pid, nprog, gu_ptr, inter_ptr, nslot_ptr, W, I, KSG, BI, NSLOT)
+            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.NSLOT, i32),
+                       W, I, KSG, BI, NSLOT)
     if FIRST <= 14 and LAST >= 14:
         if ok:
-            ok = _sync(cnt_ptr, 14, epoch, nprog, abort_ptr, abort_tab, err_ptr, rank, pid, deadline, delay, stall,
-                       FUSED and FIRST < 14, R, CLOCK, FAULT)
+            ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
+                       CLOCK, FAULT)
         if ok:
-            ok = stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr,
-                            slot_w_ptr, nslot_ptr, out_ptr, routed_scale, dp_ptr, epoch, ar2_mbox, ar2_flag,
-                            abort_ptr, abort_tab, err_ptr, rank, deadline, W, BM, H, I, BND, BLK, NSLOT,
+            ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.W2, u8), _p(row, P.S2, f32),
+                            _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
+                            _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.OUT, bf16),
+                            _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
+                            _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
+                            _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
                             R, RP2, CLOCK, FAULT)
