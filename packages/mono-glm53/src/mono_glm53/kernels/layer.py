@@ -417,15 +417,18 @@ class GlmLayerKernel:
         """The device pointer table of one launch's tensors, built once per distinct set of
         addresses (per layer: weights and caches; the buffers are this object's) and kept, so a
         captured graph's launches keep reading valid tables."""
-        scalars = self._scalars(rtt)
-        key = tuple(t.data_ptr() for t in tensors) + scalars
+        return self._cached_table([(tensors, self._scalars(rtt))])
+
+    def _cached_table(self, rows: list[tuple[list[torch.Tensor], tuple]]) -> torch.Tensor:
+        """`device_table(rows)`, kept in `_tables` by the addresses and scalars it holds."""
+        key = tuple(v for ts, sc in rows for v in [t.data_ptr() for t in ts] + list(sc))
         tab = self._tables.get(key)
         if tab is None:
-            tab = device_table([(tensors, scalars)], self.device)
+            tab = device_table(rows, self.device)
             self._tables[key] = tab
         return tab[0]
 
-    def _args(self, caches, rtt, mode, weights=None, ptab=None):
+    def _args(self, caches, rtt, weights=None, ptab=None):
         """The launch arguments in `layer_kernel`'s order: the pointer table, then scalars."""
         w = weights if weights is not None else self.w
         wkc, wvc = w["self_attn.w_kc"], w["self_attn.w_vc"]
@@ -457,7 +460,7 @@ class GlmLayerKernel:
         from mono_glm53.kernels.stages import NSTAGES, layer_kernel
 
         self._delay = int(delay)
-        args = self._args(caches, self.rtt, mode, weights)
+        args = self._args(caches, self.rtt, weights)
         ce = self.plan.constexprs()
         clock = self.guard.clock
         grid = (self.nprog,)
@@ -501,13 +504,8 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
         raise ValueError("every rank must be built with the same nprog")
     for k in kernels:
         k._delay = int(delay)
-    rows = [(k._tensors(c, k.rtt), k._scalars(k.rtt)) for k, c in zip(kernels, caches)]
-    key = tuple(v for ts, sc in rows for v in [t.data_ptr() for t in ts] + list(sc))
-    tab = k0._tables.get(key)
-    if tab is None:
-        tab = device_table(rows, k0.device)
-        k0._tables[key] = tab
-    args = k0._args(caches[0], k0.rtt, "fused", ptab=tab[0])  # every rank's scalars are in its row
+    ptab = k0._cached_table([(k._tensors(c, k.rtt), k._scalars(k.rtt)) for k, c in zip(kernels, caches)])
+    args = k0._args(caches[0], k0.rtt, ptab=ptab)  # every rank's scalars are in its row
     ce = k0.plan.constexprs()
     with _codegen_scope():
         layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
@@ -516,12 +514,13 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
 
 
 def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(device int64 [len(rows), NSLOTS] table, its host source (CPU; pinned in a capture)) of rows of
-    (tensors in `ptable.SLOTS` order, scalars in `ptable.SCALARS` order): the tensors'
-    addresses, then the scalars (fp32 as their bits). Each tensor must have the dtype its slot declares (`ptable.DTYPES`), as the
-    kernel reads it, and be 16-byte aligned unless its slot is in `ptable.UNALIGNED`. On a GPU the copy is blocking, except while a CUDA graph is
-    being captured: then it is an async copy from pinned memory (the graph holds the copy;
-    the host tensor is kept with the table)."""
+    """(device int64 [len(rows), NSLOTS] table, its host source (CPU; pinned in a capture)) of
+    rows of (tensors in `ptable.SLOTS` order, scalars in `ptable.SCALARS` order): the tensors'
+    addresses, then the scalars (fp32 as their bits). Each tensor must have the dtype its slot
+    declares (`ptable.DTYPES`), as the kernel reads it, and be 16-byte aligned unless its slot
+    is in `ptable.UNALIGNED`. On a GPU the copy is blocking, except while a CUDA graph is being
+    captured: then it is an async copy from pinned memory (the graph holds the copy; the host
+    tensor is kept with the table)."""
     from mono_glm53.kernels.ptable import ALIGN, SCALARS, SLOTS, UNALIGNED
 
     device = torch.device(device)
@@ -617,7 +616,7 @@ def kernel_signature() -> dict[str, str]:
     inputs, caches = make_caches(s, 1, 8, device="cpu", seed=1)
     k = GlmLayerKernel(s, w, 2, 8, nprog=2, device="cpu")
     k.set_inputs(torch.zeros(1, s.hidden, dtype=torch.bfloat16), torch.zeros(1, s.hidden, dtype=torch.bfloat16), inputs)
-    args = k._args(caches, k.rtt, "fused")
+    args = k._args(caches, k.rtt)
     names = [p for p in inspect.signature(layer_kernel.fn).parameters]
     sig = {}
     for name, a in zip(names, args):
