@@ -42,3 +42,15 @@ def test_seed0_caches_bit_exact():
     assert m["glm53_layer.mla_cache.max_abs_ulps"] == 0.0, m
     assert m["glm53_layer.index_k.bytes_equal_min"] == 1.0, m
     assert m["glm53_layer.index_k.scale_rel_max"] == 0.0, m
+
+
+@pytest.mark.parametrize("width,rows,ctx,indexer", [(4, 3, 40, True), (2, 2, 40, False)])
+def test_staged_stays_inside_its_buffers(width, rows, ctx, indexer):
+    """Every buffer, weight, cache and the page table fenced by poisoned bands
+    (harness.fenced_case): no band written, and no poison read into a result."""
+    from mono_glm53.kernels.harness import fenced_case
+
+    s = tiny(index_heads=8)
+    m, bad = fenced_case(s, width, rows, ctx, indexer, modes=("staged",), nprog=3, seed=width + ctx)
+    assert bad == [], bad
+    assert not failures(m), m

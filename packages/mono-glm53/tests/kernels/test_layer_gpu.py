@@ -4,7 +4,8 @@ Fused == reference within NUMERICS at the TP8-rank shard and the whole TP1 layer
 2/4/8 (full and with a pad row), contexts 1000 / 4096 / 65536; fused == staged bit for bit
 (width 2); random per-program stage delays change no bit; 1000 replays of one captured graph
 with changing inputs equal eager launches; a pointer table first built inside a graph capture
-replays correctly; pad rows leave every other cache row untouched.
+replays correctly; pad rows leave every other cache row untouched; with every buffer fenced
+by poisoned bands no launch reads or writes past one.
 """
 
 import pytest
@@ -51,6 +52,20 @@ def test_no_indexer_layer(sname):
 
     s, w = _weights(sname)
     m = run_case(s, 2, 2, 4096, False, modes=("fused", "staged"), device="cuda", weights=w)
+    assert not failures(m), m
+
+
+@pytest.mark.parametrize("sname,width,rows,ctx", [("tp8", 2, 1, 65536), ("tp8", 8, 7, 4096), ("tp1", 2, 2, 4096)])
+def test_launches_stay_inside_their_buffers(sname, width, rows, ctx):
+    """Every buffer, weight, cache and the page table fenced by poisoned bands
+    (harness.fenced_case), fused then staged: no band written, no poison read into a result."""
+    from mono_glm53.kernels.harness import fenced_case
+    from mono_glm53.kernels.numerics import failures
+
+    s, w = _weights(sname)
+    m, bad = fenced_case(s, width, rows, ctx, True, modes=("fused", "staged"), device="cuda",
+                         seed=ctx + rows, weights=w)
+    assert bad == [], bad
     assert not failures(m), m
 
 

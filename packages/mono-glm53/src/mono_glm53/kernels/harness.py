@@ -17,7 +17,7 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.layer import GlmLayerKernel, launch_side_by_side
 from mono_glm53.weights import make_caches, make_weights
 
-__all__ = ["Case", "build_case", "compare", "run_case"]
+__all__ = ["Case", "build_case", "compare", "run_case", "fenced_case"]
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -259,6 +259,43 @@ def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = 
         diff = max(diff, float((ca.kv.float() - cb.kv.float()).abs().max()))
         metrics["glm53_layer.delay_vs_fused.max_abs"] = diff
     return metrics
+
+
+def fenced_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
+                modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
+                weights=None) -> tuple[dict[str, float], list[str]]:
+    """`run_case` with every tensor the kernel touches fenced (`kernels.redzone`): the kernel
+    object's buffers, the weights, the caches and the page table each sit between poisoned
+    bands. Returns (metrics of every mode vs the reference, the buffers whose bands a launch
+    wrote). A read out of bounds shows up in the metrics (NaN), a write in the list."""
+    from mono_glm53.kernels.redzone import Fences
+
+    c = build_case(s, rows, ctx, indexer, device, seed, weights=weights)
+    r_out, r_caches = reference_out(c)
+    f = Fences()
+    fw = {n: f.copy(t, "w:" + n) for n, t in c.w.items()}
+    inputs = dataclasses.replace(c.inputs, req_to_token=f.copy(c.inputs.req_to_token, "req_to_token"))
+    k = GlmLayerKernel(s, fw, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device,
+                       alloc=f.alloc)
+    f.rename({t.data_ptr(): n for n, t in vars(k).items() if isinstance(t, torch.Tensor)})
+    metrics: dict[str, float] = {}
+    for i, mode in enumerate(modes):
+        caches = ref.LayerCaches(kv=f.copy(c.caches.kv, f"kv_cache{i}"),
+                                 index_k=None if c.caches.index_k is None
+                                 else f.copy(c.caches.index_k, f"index_k_cache{i}"))
+        k.set_inputs(c.hidden, c.residual, inputs)
+        if c.prev_topk is not None:
+            k.prev_topk.fill_(-1)
+            k.prev_topk[: c.rows].copy_(c.prev_topk)
+        out, res, topk = k.launch(caches, mode=mode)
+        k_out = (out.clone(), res.clone(), topk.clone())
+        k.guard.check()
+        for key, v in compare(c, r_out, r_caches, k_out, caches, k).items():
+            metrics[key] = v if key not in metrics else (
+                min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return metrics, f.changed()
 
 
 def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: int,

@@ -1,0 +1,56 @@
+"""H200 session 5: first fused launch of a fresh kernel object vs its second launch (same
+inputs): how often stage 1's qkva differs, and (MONO_DIAG_DBG=1) what each program saw right
+after its stage-1 wait: the stage-0 counter, three hn elements of row 0, the hn-x pointer gap
+from the table, its epoch. Usage: diag_vis.py N sname:width:rows:ctx,...
+The MONO_DIAG_* switches exist only with results/h200_session5/experiment_flags.patch applied.
+"""
+
+import os
+import sys
+import time
+
+import diag_cases
+import torch
+
+from mono_glm53.kernels.harness import build_case
+from mono_glm53.kernels.layer import GlmLayerKernel
+from mono_glm53.reference import LayerCaches
+
+n_obj = int(sys.argv[1])
+flags = {k: os.environ.get(k) for k in ("MONO_DIAG_DBG", "MONO_DIAG_ACQ", "MONO_DIAG_FENCE", "MONO_DIAG_STAGES")}
+for case, s, w, width, rows, ctx in diag_cases.cases(sys.argv[2]):
+    c = build_case(s, rows, ctx, True, "cuda", seed=ctx + rows, weights=w)
+    t0 = time.time()
+    bad = 0
+    shown = 0
+    for i in range(n_obj):
+        k = GlmLayerKernel(s, w, width, max_seq_len=ctx, indexer=True, device="cuda")
+        k.set_inputs(c.hidden, c.residual, c.inputs)
+        got = []
+        for _ in range(2):
+            caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+            k.launch(caches, "fused")
+            torch.cuda.synchronize()
+            got.append((k.qkva.clone(), k.out.clone(), k.scores[1, 8: 8 + k.nprog * 7].clone().view(k.nprog, 7)))
+        k.guard.check()
+        ne = got[0][0] != got[1][0]
+        if bool(ne.any()):
+            bad += 1
+            idx = ne.nonzero()
+            # which programs' tiles: tile t = nt * KS1 + ks, program t % nprog
+            ks1 = k.plan.KS1
+            tiles = sorted({(int(b[2]) // k.plan.BN) * ks1 + int(b[0]) for b in idx})
+            progs = sorted({t % k.nprog for t in tiles})
+            print(f"VIS {case} obj {i}: qkva differs at {int(ne.sum())} entries, tiles {tiles[:12]}, programs {progs}",
+                  flush=True)
+            if flags["MONO_DIAG_DBG"] == "1" and shown < 4:
+                shown += 1
+                d = got[0][2].cpu()
+                for p in sorted(set(progs) | {0, 1}):
+                    print(f"   prog {p}: cnt {d[p, 0]:.0f} hn[-1] {d[p, 1]:.4f} hn[1536] {d[p, 2]:.4f} "
+                          f"hn[4608] {d[p, 3]:.4f} hn-x {d[p, 4]:.0f} epoch {d[p, 5]:.0f} ok {d[p, 6]:.0f}", flush=True)
+                zero = [p for p in range(k.nprog) if float(d[p, 1]) == 0.0 or float(d[p, 3]) == 0.0]
+                print(f"   programs that read a zero hn element: {zero[:40]}; min cnt {float(d[:, 0].min()):.0f}",
+                      flush=True)
+        del k, got
+    print(f"VISRATE {case} {flags}: first launch != second {bad}/{n_obj} ({time.time() - t0:.1f}s)", flush=True)
