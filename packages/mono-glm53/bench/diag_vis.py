@@ -1,7 +1,8 @@
 """H200 session 5: first fused launch of a fresh kernel object vs its second launch (same
 inputs): how often stage 1's qkva differs, and (MONO_DIAG_DBG=1) what each program saw right
-after its stage-1 wait: the stage-0 counter, three hn elements of row 0, the hn-x pointer gap
-from the table, its epoch. Usage: diag_vis.py N sname:width:rows:ctx,...
+after its stage-1 wait: the stage-0 counter, three hn elements of row 0, and whether the
+QKVA, WQKV and SQKV pointers it read from the table match a table the host built (low 32 bits;
+the session-5 run recorded the HN-X gap, epoch and ok instead). Usage: diag_vis.py N sname:width:rows:ctx,...
 The MONO_DIAG_* switches exist only with results/h200_session5/experiment_flags.patch applied.
 """
 
@@ -46,9 +47,15 @@ for case, s, w, width, rows, ctx in diag_cases.cases(sys.argv[2]):
             if flags["MONO_DIAG_DBG"] == "1" and shown < 4:
                 shown += 1
                 d = got[0][2].cpu()
+                bits = d.view(torch.int32)
+                from mono_glm53.kernels import ptable as P
+                host = [h for _, h in k._tables.values()]
+                want = {n: {int(h[0, getattr(P, n).value]) & 0xFFFFFFFF for h in host} for n in ("QKVA", "WQKV", "SQKV")}
                 for p in sorted(set(progs) | {0, 1}):
+                    got_ptr = {n: int(bits[p, j]) & 0xFFFFFFFF for j, n in ((4, "QKVA"), (5, "WQKV"), (6, "SQKV"))}
+                    wrong = [n for n in got_ptr if got_ptr[n] not in want[n]]
                     print(f"   prog {p}: cnt {d[p, 0]:.0f} hn[-1] {d[p, 1]:.4f} hn[1536] {d[p, 2]:.4f} "
-                          f"hn[4608] {d[p, 3]:.4f} hn-x {d[p, 4]:.0f} epoch {d[p, 5]:.0f} ok {d[p, 6]:.0f}", flush=True)
+                          f"hn[4608] {d[p, 3]:.4f} table pointers read wrong: {wrong or 'none'}", flush=True)
                 zero = [p for p in range(k.nprog) if float(d[p, 1]) == 0.0 or float(d[p, 3]) == 0.0]
                 print(f"   programs that read a zero hn element: {zero[:40]}; min cnt {float(d[:, 0].min()):.0f}",
                       flush=True)
