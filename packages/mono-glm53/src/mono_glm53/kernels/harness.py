@@ -64,9 +64,12 @@ def reference_out(c: Case):
     return out, caches
 
 
-def kernel_out(c: Case, k: GlmLayerKernel, mode: str, delay: int = 0):
-    caches = ref.LayerCaches(kv=c.caches.kv.clone(),
-                             index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
+def kernel_out(c: Case, k: GlmLayerKernel, mode: str, delay: int = 0, copy=None):
+    """One launch of `k` on case `c` on copies of its caches (`copy(tensor, name)`, default a
+    clone). Returns ((out, res_out, topk) clones, the caches the launch wrote)."""
+    copy = copy if copy is not None else (lambda t, name: t.clone())
+    caches = ref.LayerCaches(kv=copy(c.caches.kv, "kv_cache"),
+                             index_k=None if c.caches.index_k is None else copy(c.caches.index_k, "index_k_cache"))
     k.set_inputs(c.hidden, c.residual, c.inputs)
     if c.prev_topk is not None:
         k.prev_topk.fill_(-1)
@@ -226,6 +229,14 @@ def routing_match(c: Case, r_out, k: GlmLayerKernel) -> dict[str, float]:
             "routing.kernel_experts": float(len(kset)), "routing.symdiff": float(len(kset ^ rset))}
 
 
+def _merge(metrics: dict[str, float], new: dict[str, float]) -> None:
+    """Fold `new` into `metrics`, keeping the worst value of each: the least of a *_min metric,
+    the largest of any other."""
+    for key, v in new.items():
+        metrics[key] = v if key not in metrics else (
+            min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
+
+
 def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
              modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
              delay: int = 0, weights=None) -> dict[str, float]:
@@ -242,10 +253,7 @@ def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = 
         k_out, k_caches = kernel_out(c, k, kmode, delay=delay if mode == "fused+delay" else 0)
         k.guard.check()
         outs[mode] = (k_out, k_caches)
-        mm = compare(c, r_out, r_caches, k_out, k_caches, k)
-        for key, v in mm.items():
-            metrics[key] = v if key not in metrics else (
-                min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
+        _merge(metrics, compare(c, r_out, r_caches, k_out, k_caches, k))
     if "fused" in outs and "staged" in outs:
         (a, ca), (b, cb) = outs["fused"], outs["staged"]
         diff = max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
@@ -278,23 +286,12 @@ def fenced_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool
     k = GlmLayerKernel(s, fw, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device,
                        alloc=f.alloc)
     f.rename({t.data_ptr(): n for n, t in vars(k).items() if isinstance(t, torch.Tensor)})
+    fc = dataclasses.replace(c, w=fw, inputs=inputs)
     metrics: dict[str, float] = {}
     for i, mode in enumerate(modes):
-        caches = ref.LayerCaches(kv=f.copy(c.caches.kv, f"kv_cache{i}"),
-                                 index_k=None if c.caches.index_k is None
-                                 else f.copy(c.caches.index_k, f"index_k_cache{i}"))
-        k.set_inputs(c.hidden, c.residual, inputs)
-        if c.prev_topk is not None:
-            k.prev_topk.fill_(-1)
-            k.prev_topk[: c.rows].copy_(c.prev_topk)
-        out, res, topk = k.launch(caches, mode=mode)
-        k_out = (out.clone(), res.clone(), topk.clone())
-        k.guard.check()
-        for key, v in compare(c, r_out, r_caches, k_out, caches, k).items():
-            metrics[key] = v if key not in metrics else (
-                min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
-    if device != "cpu":
-        torch.cuda.synchronize()
+        k_out, caches = kernel_out(fc, k, mode, copy=lambda t, name: f.copy(t, f"{name}{i}"))  # noqa: B023
+        k.guard.check()  # synchronises: every band is final
+        _merge(metrics, compare(fc, r_out, r_caches, k_out, caches, k))
     return metrics, f.changed()
 
 
@@ -350,10 +347,7 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
         guard.check()
         outs = [(k.out.clone(), k.res_out.clone(), k.topk.clone()) for k in ks]
         for r in range(world):
-            mm = compare(c, r_out, r_caches[r], outs[r], k_caches[r], ks[r])
-            for key, v in mm.items():
-                metrics[key] = v if key not in metrics else (
-                    min(metrics[key], v) if key.endswith("_min") else max(metrics[key], v))
+            _merge(metrics, compare(c, r_out, r_caches[r], outs[r], k_caches[r], ks[r]))
         eq = max(float((a.float() - b.float()).abs().max()) for o in outs[1:] for a, b in zip(o[:2], outs[0][:2]))
         metrics["glm53_layer.tp_ranks_equal.max_abs"] = max(metrics.get("glm53_layer.tp_ranks_equal.max_abs", 0.0), eq)
         parts = [ref.moe(ks[r].h2[:rows].clone(), ws[r], shapes[r])[0] for r in range(world)]

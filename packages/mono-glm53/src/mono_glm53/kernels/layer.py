@@ -220,6 +220,15 @@ def cos_sin_cache(s: GlmLayerShape, n_pos: int, device) -> torch.Tensor:
     return _COS_SIN[key]
 
 
+def _index_weight_scales(s: GlmLayerShape) -> tuple[float, float]:
+    """(iwa, iwb): the factors of the index head weights, as SGLang applies them."""
+    if s.indexer_fused:
+        # fused path: weights_raw * fp32(softmax_scale * ih^-0.5) * q_scale
+        return float(torch.tensor(s.index_softmax_scale * s.index_heads ** -0.5, dtype=torch.float32)), 1.0
+    # unfused: (mm * ih^-0.5) * q_scale * softmax_scale
+    return s.index_heads ** -0.5, s.index_softmax_scale
+
+
 def _default_nprog(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -345,6 +354,7 @@ class GlmLayerKernel:
         # register/spill counts (`n_regs`, `n_spills` on a GPU)
         self.compiled: dict = {}
         self.stall = fault_stage(self.rank)
+        self._iw = _index_weight_scales(s)  # per shape: computed once, not per launch
         # pointer tables by the addresses they hold (`_table`); never evicted: a captured
         # graph may still read any of them
         self._tables: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -446,14 +456,7 @@ class GlmLayerKernel:
     def _scalars(self, rtt) -> tuple:
         """The launch's scalars in `ptable.SCALARS` order."""
         s = self.s
-        if s.indexer_fused:
-            # fused path: weights_raw * fp32(softmax_scale * ih^-0.5) * q_scale
-            iwa = float(torch.tensor(s.index_softmax_scale * s.index_heads ** -0.5, dtype=torch.float32))
-            iwb = 1.0
-        else:
-            # unfused: (mm * ih^-0.5) * q_scale * softmax_scale
-            iwa = s.index_heads ** -0.5
-            iwb = s.index_softmax_scale
+        iwa, iwb = self._iw
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
                 rtt.stride(0), self.scores.stride(0), self.rank, self.guard.deadline, self._delay, self.stall)

@@ -15,6 +15,8 @@ process and a stale neighbour in a long one.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["BAND", "POISON", "Fences"]
@@ -32,14 +34,11 @@ class Fences:
     def alloc(self, shape, dtype, device, name: str | None = None) -> torch.Tensor:
         """A zeroed tensor of `shape` and `dtype` between two poisoned bands."""
         shape = tuple(int(d) for d in shape)
-        n = 1
-        for d in shape:
-            n *= d
-        nbytes = n * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
+        # the bytes between the payload's end and the next 16-byte boundary are poison too
         padded = -(-nbytes // 16) * 16
         back = torch.full((BAND + padded + BAND,), POISON, dtype=torch.uint8, device=device)
         back[BAND: BAND + nbytes].zero_()
-        # bytes between the payload's end and the 16-byte boundary stay poison too
         self._items.append((name or f"buffer{len(self._items)}", back, nbytes))
         return back[BAND: BAND + nbytes].view(dtype).view(shape)
 
