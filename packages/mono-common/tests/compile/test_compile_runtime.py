@@ -11,6 +11,7 @@ import triton.language as tl  # noqa: E402
 from mono_common import compilecheck as cc  # noqa: E402
 from mono_common.device import guard  # noqa: E402
 from mono_common.device.chain import chain_kernel  # noqa: E402
+from mono_common.device.epochs import epoch_begin  # noqa: E402
 from mono_common.device.simulate import sim_allreduce_kernel  # noqa: E402
 
 CLOCK = {"gfx950": 1, "sm_90": 0}
@@ -30,6 +31,14 @@ def probe_kernel(cnt_ptr, cnts_ptr, target, abort_ptr, abort_tab, err_ptr, out_p
     if ok:
         guard.signal(cnt_ptr + 32, 1, SYS)
         tl.store(out_ptr + pid, guard.aborted(abort_ptr, SYS).to(tl.int32))
+
+
+@triton.jit
+def epoch_view_kernel(epochs_ptr, out_ptr, BLOCK: tl.constexpr):
+    # every thread stores the epoch it holds, so a warp that saw another value shows
+    pid = tl.program_id(0)
+    e = epoch_begin(epochs_ptr + pid)
+    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.int32) + e)
 
 
 PROBE_SIG = dict(cnt_ptr="*i32", cnts_ptr="*i32", target="i32", abort_ptr="*i32", abort_tab="*i64",
@@ -144,3 +153,22 @@ def test_digest_covers_runtime_sources():
     d = cc.source_digest(guard, epochs, timer, allreduce)
     assert d == cc.source_digest(allreduce, timer, epochs, guard)
     assert d != cc.source_digest(guard, epochs, timer)
+
+
+@pytest.mark.parametrize("target", cc.TARGETS)
+def test_epoch_begin_reads_the_slot_before_anyone_writes_it(target):
+    # Every thread loads the slot and one stores it: a barrier must separate the load from the
+    # store, or a late warp reads the advanced epoch (H200: the layer kernel's first launches).
+    res = cc.compile_kernel(epoch_view_kernel, dict(epochs_ptr="*i32", out_ptr="*i32"), dict(BLOCK=1024),
+                            target, num_warps=8)
+    if target == "gfx950":
+        # the slot is uniform: a scalar load (the argument loads are s_load_dwordx2/x4)
+        code, load, store, barrier = res.asm["amdgcn"], r"s_load_dword\s|global_load", r"global_store", r"s_barrier"
+    else:
+        code, load, store, barrier = res.asm["ptx"], r"ld\.global", r"st\.global", r"bar\.sync"
+    first_store = re.search(store, code)
+    assert first_store, code[-3000:]
+    loads = list(re.finditer(load, code[:first_store.start()]))
+    assert loads, code[:first_store.start()][-3000:]
+    between = code[loads[-1].end():first_store.start()]
+    assert re.search(barrier, between), f"no {barrier} between the epoch load and its store:\n{between}"

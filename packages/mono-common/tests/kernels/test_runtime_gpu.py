@@ -218,3 +218,30 @@ def test_simulated_rank_that_never_arrives_stops_every_rank_in_time():
     assert (sim.guard.abort[:, 0] > 0).all()
     with pytest.raises(errors.MonoWaitTimeout):
         sim.guard.check()
+
+
+def test_every_warp_of_a_program_sees_the_same_epoch():
+    # 8 warps a program, 200 launches: each thread stores the epoch it computed; a warp that read
+    # the slot after its program's writer advanced it would hold the next launch's number.
+    import triton
+    import triton.language as tl
+
+    from mono_common.device.epochs import epoch_begin
+
+    @triton.jit
+    def view(epochs_ptr, out_ptr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        e = epoch_begin(epochs_ptr + pid)
+        tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), tl.zeros([BLOCK], tl.int32) + e)
+
+    block = 2048
+    epochs = torch.zeros(G, dtype=torch.int32, device="cuda")
+    out = torch.zeros(G, block, dtype=torch.int32, device="cuda")
+    wrong = []
+    for launch in range(1, 201):
+        view[(G,)](epochs, out, BLOCK=block, num_warps=8)
+        got = out.eq(launch).all(dim=1)
+        if not bool(got.all()):
+            wrong.append((launch, int((~got).sum())))
+    assert wrong == [], f"(launch, programs whose warps disagreed): {wrong[:10]}"
+    assert epochs.eq(200).all()

@@ -14,8 +14,16 @@ import triton.language as tl
 
 @triton.jit
 def epoch_begin(epoch_slot_ptr):
-    """Advance and return this program's epoch (1 on the first launch after zeroing)."""
+    """Advance and return this program's epoch (1 on the first launch after zeroing).
+
+    Every thread of the program reads the slot; one thread writes it back. Without the barrier
+    a warp scheduled late could read the already-advanced value: its epoch, and so every wait
+    target, would be one launch ahead of its siblings', it would keep polling while they went
+    on, and the program's barriers would pair up across different code (seen on the H200: the
+    first fused launch of a fresh mono-glm53 layer read shared memory its lagging warps had not
+    filled yet, then crashed on garbage addresses)."""
     e = tl.load(epoch_slot_ptr) + 1
+    tl.debug_barrier()
     tl.store(epoch_slot_ptr, e)
     return e
 

@@ -408,8 +408,9 @@ def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 10
 def captured_table_check(s: GlmLayerShape, width: int, ctx: int, device="cuda", seed: int = 0,
                          weights=None) -> dict[str, float]:
     """A launch whose pointer table is first built while a CUDA graph is being captured (caches
-    the kernel object has never seen, so `layer.device_table` copies from pinned memory inside
-    the capture): the graph's replay equals an eager launch on a copy of the same caches, in
+    the kernel object has never seen, so `layer.device_table` copies inside the capture from
+    rows the object pinned when it was built): the graph's replay equals an eager launch on a
+    copy of the same caches, in
     the outputs and every cache byte. Returns {tables built in the capture, max_abs}."""
     from mono_common.graph_timing import capture
 

@@ -35,6 +35,7 @@ import torch
 
 from mono_common.triton_knobs import amd_buffer_ops
 from mono_glm53.config import GlmLayerShape
+from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
            "cos_sin_cache"]
@@ -243,7 +244,7 @@ class GlmLayerKernel:
     def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
                  device=None, deadline_s: float = 2.0, num_warps: int = 4, world: int = 1,
-                 peers=None, guard=None, cooperative: bool = True, alloc=None):
+                 peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -251,7 +252,9 @@ class GlmLayerKernel:
         (one rank's expired wait raises the abort flag every rank polls). cooperative=False
         launches the fused grid plainly (ranks side by side on one GPU each take part of it).
         `alloc(shape, dtype, device)`: makes every buffer of this object, zeroed (default
-        torch.zeros; the harness's redzone check passes one that fences each buffer)."""
+        torch.zeros; the harness's redzone check passes one that fences each buffer).
+        `capture_rows`: pointer-table rows pinned now for tables first built inside CUDA-graph
+        captures (a side-by-side launch of R ranks takes R; they are never reused)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -358,6 +361,9 @@ class GlmLayerKernel:
         # pointer tables by the addresses they hold (`_table`); never evicted: a captured
         # graph may still read any of them
         self._tables: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        from mono_glm53.kernels.ptable import NSLOTS
+
+        self._capture_rows = CaptureRows(capture_rows, NSLOTS.value, pin=dev.type == "cuda")
 
     def reset_sync(self) -> None:
         """Zero the epochs and counters (nothing may be in flight). Only for after a timing
@@ -441,7 +447,7 @@ class GlmLayerKernel:
         key = tuple(v for ts, sc in rows for v in [t.data_ptr() for t in ts] + list(sc))
         tab = self._tables.get(key)
         if tab is None:
-            tab = device_table(rows, self.device)
+            tab = device_table(rows, self.device, self._capture_rows)
             self._tables[key] = tab
         return tab[0]
 
@@ -523,14 +529,15 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
                                       launch_cooperative_grid=True, **launch_options(k0.device))
 
 
-def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device) -> tuple[torch.Tensor, torch.Tensor]:
+def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device,
+                 capture_rows: CaptureRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(device int64 [len(rows), NSLOTS] table, its host source (CPU; pinned in a capture)) of
     rows of (tensors in `ptable.SLOTS` order, scalars in `ptable.SCALARS` order): the tensors'
     addresses, then the scalars (fp32 as their bits). Each tensor must have the dtype its slot
     declares (`ptable.DTYPES`), as the kernel reads it, and be 16-byte aligned unless its slot
     is in `ptable.UNALIGNED`. On a GPU the copy is blocking, except while a CUDA graph is being
-    captured: then it is an async copy from pinned memory (the graph holds the copy; the host
-    tensor is kept with the table)."""
+    captured: then it is an async copy from rows of `capture_rows` (pinned before the capture;
+    the graph holds the copy, the rows are kept with the table)."""
     from mono_glm53.kernels.ptable import ALIGN, SCALARS, SLOTS, UNALIGNED
 
     device = torch.device(device)
@@ -554,11 +561,12 @@ def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device) -> tuple[
     if device.type != "cuda":
         return host, host
     if not torch.cuda.is_current_stream_capturing():
-        # A blocking copy: the table is on the device before the launch is enqueued. (The H200
-        # failures of a new kernel object's first fused launch, seen with an async copy here,
-        # remain with this one: the copy was not their cause; bench/results/h200_session5.)
+        # A blocking copy: the table is on the device before the launch is enqueued.
         return host.to(device), host
-    host = host.pin_memory()
+    if capture_rows is None:
+        raise ValueError("a pointer table built inside a CUDA-graph capture needs pinned rows made "
+                         "before the capture (capture_rows): pinning during a capture is refused")
+    host = capture_rows.take(host)
     dev = torch.empty(host.shape, dtype=torch.int64, device=device)
     dev.copy_(host, non_blocking=True)
     return dev, host

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
+from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_glm53.kernels import ptable as P
@@ -1028,8 +1029,7 @@ def layer_kernel(
     # the first staged launch), so counters only grow and a replayed graph needs no reset.
     epoch_ptr = _p(row, P.EPOCH, i32)
     if FIRST == 0:
-        epoch = tl.load(epoch_ptr + pid) + 1
-        tl.store(epoch_ptr + pid, epoch)
+        epoch = epoch_begin(epoch_ptr + pid)
     else:
         epoch = tl.load(epoch_ptr + pid)
     NQKV: tl.constexpr = QL + KVL + RD
