@@ -1,5 +1,7 @@
 """H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
-captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time,
+captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time
+(for each --warps value, with the outputs' max difference from the first value's), the fused
+launch's own per-stage span/busy/hand-off times from its clock stamps (kernels.stamps),
 and (with --fault) a staged run that synchronises after every stage to find a faulting one.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src python3 \
@@ -16,6 +18,7 @@ import torch
 from mono_glm53.config import REAL
 from mono_glm53.kernels.harness import build_case, fused_time_us, stage_times_us
 from mono_glm53.kernels.layer import GlmLayerKernel
+from mono_glm53.kernels.stamps import fused_stage_profile
 from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
 from mono_glm53.reference import LayerCaches
 from mono_glm53.weights import make_weights
@@ -34,7 +37,7 @@ def _regs(k):
     return out
 
 
-def timing(cases, out_dir):
+def timing(cases, out_dir, warps=(4,)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -44,16 +47,27 @@ def timing(cases, out_dir):
             weights[sname] = make_weights(_shape(sname), device="cuda", seed=0)
         s = _shape(sname)
         c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
-        k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True)
-        caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
-        k.set_inputs(c.hidden, c.residual, c.inputs)
-        st = stage_times_us(k, caches)
-        fu = fused_time_us(k, caches)
-        k.guard.check()
-        r = {"shape": sname, "width": width, "ctx": ctx, "fused_us": fu, "staged_sum_us": sum(st.values()),
-             "stages_us": st, "resources": _regs(k)}
-        print(json.dumps(r), flush=True)
-        res.append(r)
+        first = None
+        for nw in warps:
+            k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw)
+            caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+            k.set_inputs(c.hidden, c.residual, c.inputs)
+            k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
+            torch.cuda.synchronize()
+            outs = [k.out.float().clone(), k.res_out.float().clone()]
+            if first is None:
+                first = outs
+            diff = max(float((a - b).abs().max()) for a, b in zip(outs, first))
+            st = stage_times_us(k, caches)
+            fu = fused_time_us(k, caches)
+            prof = fused_stage_profile(k, caches)
+            k.guard.check()
+            r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "fused_us": fu,
+                 "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
+                 "stages_us": st, "fused_stamps_us": prof, "resources": _regs(k)}
+            print(json.dumps(r), flush=True)
+            res.append(r)
+            del k
     with open(os.path.join(out_dir, "diag_stages.json"), "w") as f:
         json.dump(res, f, indent=1)
 
@@ -83,12 +97,13 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     ap.add_argument("--fault", default=None)
     ap.add_argument("--cases", default="tp8:2:4096,tp8:2:65536,tp8:8:4096,tp1:2:4096")
+    ap.add_argument("--warps", default="4", help="num_warps values to build each case with")
     a = ap.parse_args(argv)
     if a.fault:
         fault(a.fault)
         return 0
     cases = [(x.split(":")[0], int(x.split(":")[1]), int(x.split(":")[2])) for x in a.cases.split(",")]
-    timing(cases, a.out)
+    timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")))
     return 0
 
 

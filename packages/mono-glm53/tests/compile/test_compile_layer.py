@@ -20,7 +20,7 @@ import re
 import pytest
 
 from mono_common.compilecheck import compile_kernel, format_resources
-from mono_glm53.kernels.layer import MAXNREG_SM
+from mono_glm53.kernels.layer import MAXNREG_SM, NUM_WARPS
 
 # (shape name, tp_size of the shape, world of the launch)
 SHAPES = {"tp1": (1, 1), "tp8-alone": (8, 1), "tp4": (4, 4), "tp8": (8, 8)}
@@ -61,7 +61,7 @@ def _compile(isa, sname, width, indexer):
         from mono_glm53.kernels.stages import layer_kernel
 
         ce = variant_constexprs(_shape(sname), width, indexer, GRID[isa], isa, world=SHAPES[sname][1])
-        _RES[key] = compile_kernel(layer_kernel, _sig(), ce, isa, num_warps=4, num_stages=STAGES[isa],
+        _RES[key] = compile_kernel(layer_kernel, _sig(), ce, isa, num_warps=NUM_WARPS, num_stages=STAGES[isa],
                                    pointer_align=16, amd_buffer_ops=False, **OPTIONS[isa])
         print(f"{sname} w{width} indexer={indexer}: {format_resources(_RES[key])}")
     return _RES[key]

@@ -417,7 +417,10 @@ def captured_table_check(s: GlmLayerShape, width: int, ctx: int, device="cuda", 
     c = build_case(s, width, ctx, True, device, seed, weights=weights)
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, device=device)
     k.set_inputs(c.hidden, c.residual, c.inputs)
-    k.launch(ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
+    # kept alive, so the allocator cannot hand its addresses to the fresh caches (the table
+    # would then be the cached one, not one built in the capture)
+    warm = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+    k.launch(warm, "fused")
     torch.cuda.synchronize()
     fresh = [ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()) for _ in range(2)]
     n0 = len(k._tables)
@@ -431,6 +434,7 @@ def captured_table_check(s: GlmLayerShape, width: int, ctx: int, device="cuda", 
     exp = [k.out, k.res_out, k.topk, fresh[1].kv, fresh[1].index_k]
     worst = max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, exp))
     k.guard.check()
+    del warm
     return {"tables_built_in_capture": float(built), "glm53_layer.captured_table_vs_eager.max_abs": worst}
 
 

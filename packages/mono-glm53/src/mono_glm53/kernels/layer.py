@@ -243,7 +243,7 @@ class GlmLayerKernel:
 
     def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
-                 device=None, deadline_s: float = 2.0, num_warps: int = 4, world: int = 1,
+                 device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
@@ -274,7 +274,7 @@ class GlmLayerKernel:
         self.peers = peers
         self.cooperative = cooperative
         self.plan = make_tp_plan(s, width, indexer, self.nprog, world)
-        self.num_warps = num_warps
+        self.num_warps = num_warps or NUM_WARPS
         p = self.plan
         W = width
         f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
@@ -344,6 +344,12 @@ class GlmLayerKernel:
         self.cnt = z(32, dtype=i32)
         self.epoch = z(self.nprog, dtype=i32)
         self.mcnt = z(W * ng, dtype=i32)
+        # per-program clock stamps of the fused launch's hand-offs, written only while
+        # `self.stamp` is set (kernels.stamps reads them; profiling, not the product path)
+        from mono_glm53.kernels.stages import STAMP_W
+
+        self.stamps = z(self.nprog, STAMP_W.value, dtype=torch.int64)
+        self.stamp = 0
         self.guard = guard if guard is not None else Guard(
             1, device=dev, deadline_s=deadline_s, stage_names={i: n for i, n in enumerate(_stage_names())})
         self.cs = cos_sin_cache(s, max(self.max_seq_len, 1), dev)
@@ -433,7 +439,7 @@ class GlmLayerKernel:
             self.qabs, self.iq8, self.iwt, self.scores, self.part, self.ml,
             self.mcnt, self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.ap, self.ar1, self.dp,
-            self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs,
+            self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,
         ]
 
     def _table(self, tensors: list[torch.Tensor], rtt: torch.Tensor) -> torch.Tensor:
@@ -465,7 +471,8 @@ class GlmLayerKernel:
         iwa, iwb = self._iw
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
-                rtt.stride(0), self.scores.stride(0), self.rank, self.guard.deadline, self._delay, self.stall)
+                rtt.stride(0), self.scores.stride(0), self.rank, self.guard.deadline, self._delay, self.stall,
+                int(self.stamp))
 
     def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None, weights=None):
         """Run the layer on the static inputs. mode "fused": one persistent launch; "staged":
@@ -575,6 +582,8 @@ def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device,
 # ptxas otherwise caps the fused kernel at 168 registers (a 3-CTA/SM target) and spills at
 # width 8; one program per SM is all the persistent grid runs, so let it take what it needs.
 MAXNREG_SM = 255
+# Warps of every layer-kernel launch (one program per SM).
+NUM_WARPS = 4
 
 
 def launch_options(device) -> dict:

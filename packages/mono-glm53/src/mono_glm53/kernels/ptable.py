@@ -94,6 +94,7 @@ SLOTS = (
     ("ar1_flag", "i64"),
     ("ar2_mbox", "i64"),
     ("ar2_flag", "i64"),
+    ("stamps", "i64"),
 )
 # Scalars of the launch, after the pointers (fp32 in the low 4 bytes of the slot): as kernel
 # arguments they too would hold scalar registers for the whole launch. rank, the guard's
@@ -114,6 +115,7 @@ SCALARS = (
     ("deadline", "i64"),
     ("delay", "i64"),
     ("stall", "i32"),
+    ("stamp", "i32"),
 )
 NSLOTS = tl.constexpr(len(SLOTS) + len(SCALARS))  # the row width
 DTYPES = dict(SLOTS)

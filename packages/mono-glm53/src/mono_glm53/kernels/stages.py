@@ -73,6 +73,10 @@ STAGE_NAMES = (
 )
 
 
+# Clock stamps of a fused launch (row of `ptable.STAMPS`, one per program): entry 2 s is when the
+# program reached hand-off s (its stage s-1 done), 2 s + 1 when it passed it (stage s starts);
+# entry 1 is the program's start, entry 2 NSTAGES its end. Written only when the STAMP scalar is set.
+STAMP_W = tl.constexpr(2 * NSTAGES + 2)
 # The Triton 3.8 interpreter computes bf16 x bf16 tl.dot wrongly (garbage), so under
 # TRITON_INTERPRET=1 the dots run on the fp32 upcasts with IEEE precision: the same value
 # (bf16 products are exact in fp32, fp32 accumulation); compiled code uses bf16 tensor cores.
@@ -949,6 +953,13 @@ def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e
 
 # ----------------------------------------------------------------------------- the launch
 @triton.jit
+def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
+    """Store the clock at this program's stamp entry i when the launch profiles (STAMP)."""
+    if _si(row, P.STAMP) != 0:
+        tl.store(_p(row, P.STAMPS, tl.int64) + pid * STAMP_W + i, now(CLOCK))
+
+
+@triton.jit
 def _sync(row, s: tl.constexpr, epoch, nprog, pid,
           WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
@@ -971,12 +982,15 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
             t0 = now(CLOCK)
             while now(CLOCK) - t0 < dl:
                 pass
+    if WAIT:
+        _stamp(row, 2 * s, pid, CLOCK)
     cnt_ptr = _p(row, P.CNT, tl.int32)
     signal(cnt_ptr + (s - 1), 1, False)
     if WAIT:
         ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, _pu(row, P.ABORT, tl.int32),
                      _p(row, P.ABORT_TAB, tl.int64), _p(row, P.ERR, tl.int64), _si(row, P.RANK), pid,
                      s, _sl(row, P.DEADLINE), NRANK, CLOCK, FAULT, False)
+        _stamp(row, 2 * s + 1, pid, CLOCK)
     return ok
 
 
@@ -1030,6 +1044,8 @@ def layer_kernel(
     epoch_ptr = _p(row, P.EPOCH, i32)
     if FIRST == 0:
         epoch = epoch_begin(epoch_ptr + pid)
+        if FUSED:
+            _stamp(row, 1, pid, CLOCK)
     else:
         epoch = tl.load(epoch_ptr + pid)
     NQKV: tl.constexpr = QL + KVL + RD
@@ -1163,3 +1179,5 @@ def layer_kernel(
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
                             R, RP2, CLOCK, FAULT)
+            if FUSED and FIRST == 0:
+                _stamp(row, STAMP_W - 2, pid, CLOCK)
