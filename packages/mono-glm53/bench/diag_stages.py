@@ -18,8 +18,8 @@ import torch
 from mono_glm53.config import REAL
 from mono_glm53.kernels.harness import build_case, fused_time_us, stage_times_us
 from mono_glm53.kernels.layer import GlmLayerKernel
-from mono_glm53.kernels.stamps import fused_stage_profile
 from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
+from mono_glm53.kernels.stamps import fused_stage_profile
 from mono_glm53.reference import LayerCaches
 from mono_glm53.weights import make_weights
 

@@ -325,12 +325,16 @@ class GlmLayerKernel:
         self.ov = z(W, p.NH * p.VD, dtype=bf16)
         self.op = z(p.KS9, W, s.hidden)
         self.h2 = z(W, s.hidden, dtype=bf16)
+        # h2 and the SiLU output quantised once for their FP8 GEMMs (values, per-block scales)
+        self.h2q = z(W, s.hidden, dtype=bf16)
+        self.h2s = z(W, s.hidden // p.BLK)
         self.lg = z(p.KSR, W, p.E)
         self.gu = z(p.NSLOT, p.KSG, W, 2 * p.I)
         self.slot_e = z(p.NSLOT, dtype=i32)
         self.slot_w = z(W, p.NSLOT)
         self.nslot = z(1, dtype=i32)
         self.inter = z(p.NSLOT, W, p.I, dtype=bf16)
+        self.inters = z(p.NSLOT, W, p.I // p.BLK)
         # all-reduce scratch (R > 1): point 1's bf16 partial and sum, point 2's bf16 partial
         nar = W * s.hidden if world > 1 else 16
         self.ap, self.ar1, self.dp = z(nar, dtype=bf16), z(nar, dtype=bf16), z(nar, dtype=bf16)
@@ -437,8 +441,8 @@ class GlmLayerKernel:
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
             self.qabs, self.iq8, self.iwt, self.scores, self.part, self.ml,
-            self.mcnt, self.attn, self.ov, self.op, self.h2, self.lg, self.gu, self.slot_e, self.slot_w,
-            self.nslot, self.inter, self.ap, self.ar1, self.dp,
+            self.mcnt, self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
+            self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,
             self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,
         ]
 

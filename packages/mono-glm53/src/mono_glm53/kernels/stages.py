@@ -21,12 +21,14 @@ Stage list (index: what it does; who reads its output):
   8  WUV       attn @ W_UV per (head, v block)
   9  OPROJ     FP8 GEMV o_proj (split-K)
   10 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
-               inside the stage) + residual add + post RMSNorm
-  11 ROUTER    bf16 GEMV router logits (fp32, split-K)
+               inside the stage) + residual add + post RMSNorm -> h2
+  11 ROUTER    bf16 GEMV router logits (fp32, split-K); h2 quantised for gate_up once
+               (h2q, h2s), not by every gate_up tile
   12 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
                FP8 GEMV gate_up for shared + unique routed experts (split-K)
-  13 SILU      sum split-K partials, SiLU(g) * u -> inter (bf16)
-  14 DOWN      FP8 GEMV down, weighted sum over the experts in fixed order; all-reduce point 2
+  13 SILU      sum split-K partials, SiLU(g) * u (bf16) quantised for down -> inter, inters
+  14 DOWN      FP8 GEMV down (two slots a step at K <= 2 blocks), weighted sum over the experts in fixed order;
+               all-reduce point 2
                (R > 1: each program pushes the tiles it computed, then sums its blocks)
 
 Numerics follow SGLang's decode path: bf16 rounding at the outputs of every linear and norm,
@@ -232,16 +234,29 @@ def _hadamard(src_ptr, D: tl.constexpr, hscale):
 
 
 @triton.jit
+def _quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr):
+    """fp32 [D] (bf16 values) -> (e4m3 values as bf16 [D], fp32 scale per BLK group [D // BLK]):
+    the same quantisation `_gemv_tile` applies to its input, done once by the producer."""
+    v2 = tl.reshape(v, [D // BLK, BLK])
+    sxq = _div(tl.maximum(tl.max(tl.abs(v2), 1), 1e-10), 448.0)
+    inv = _div(tl.full([D // BLK], 1.0, tl.float32), sxq)
+    q = _e4m3_val(_e4m3_bits(v2 * inv[:, None])).to(tl.bfloat16)
+    return tl.reshape(q, [D]), sxq
+
+
+@triton.jit
 def _gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
                W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
-               KS: tl.constexpr, FP8: tl.constexpr):
+               KS: tl.constexpr, FP8: tl.constexpr, xs_ptr=None, PREQ: tl.constexpr = False):
     """Tile t of out[ks, :W, n-block] = x[:W, k-slice] @ w[n-block, k-slice]^T (split-K partial;
     the consumer sums the KS partials in fixed order, so results do not depend on timing).
 
     FP8: w is e4m3 bits (uint8) with fp32 block scales s[n // BLK, k // BLK], and x (bf16) is
     quantised per row and BLK-group to e4m3 first, as SGLang's per_token_group_quant before its
     block FP8 GEMM; the dot of two e4m3 operands cast to bf16 has exact products. Otherwise w
-    is bf16 and the dot is bf16 x bf16 -> fp32. BN divides BLK: one weight scale per k block."""
+    is bf16 and the dot is bf16 x bf16 -> fp32. BN divides BLK: one weight scale per k block.
+    PREQ (FP8): x is already quantised (`_quant_blocks`: e4m3 values as bf16, row stride sx)
+    with its scales at xs_ptr [W, K // BLK]: the same bits, without requantising x per tile."""
     nt = t // KS
     ks = t % KS
     KSL: tl.constexpr = K // KS
@@ -259,9 +274,13 @@ def _gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl
         if FP8:
             w = tl.load(wp, mask=cmask[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
             sw = tl.load(s_ptr + ((nt * BN) // BLK) * NKB + k0 // BLK)
-            sxq = _div(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
-            inv = _div(tl.full([BM], 1.0, tl.float32), sxq)
-            xq = _e4m3_val(_e4m3_bits(x * inv[:, None])).to(tl.bfloat16)
+            if PREQ:
+                sxq = tl.load(xs_ptr + rows * NKB + k0 // BLK, mask=rmask, other=0.0)
+                xq = x.to(tl.bfloat16)
+            else:
+                sxq = _div(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
+                inv = _div(tl.full([BM], 1.0, tl.float32), sxq)
+                xq = _e4m3_val(_e4m3_bits(x * inv[:, None])).to(tl.bfloat16)
             acc += _dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
         else:
             w = tl.load(wp, mask=cmask[:, None], other=0.0).to(tl.bfloat16)
@@ -794,12 +813,24 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
 
 
 @triton.jit
-def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr,
+def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  BNR: tl.constexpr, BLK: tl.constexpr, KSR: tl.constexpr):
+    """Router logits (bf16 GEMV, split-K), and h2 quantised for gate_up (h2q, h2s:
+    `_quant_blocks`), one (row, block) an item, dealt from the last program down: the router's
+    few tiles fill the first programs, and the norm stage, where only a row's program could do
+    it, took ~15 us for it (H200, TP8 shard)."""
     T: tl.constexpr = ((E + BNR - 1) // BNR) * KSR
     for t in range(pid, T, nprog):
         _gemv_tile(t, h2_ptr, H, wg_ptr, wg_ptr, lg_ptr, E, E, H, W, BM, BNR, BLK, KSR, False)
+    NB: tl.constexpr = H // BLK
+    kb = tl.arange(0, BLK)
+    for i in range(nprog - 1 - pid, W * NB, nprog):
+        m = i // NB
+        b0 = (i % NB) * BLK
+        q, qs = _quant_blocks(tl.load(h2_ptr + m * H + b0 + kb).to(tl.float32), BLK, BLK)
+        tl.store(h2q_ptr + m * H + b0 + kb, q)
+        tl.store(h2s_ptr + m * NB + b0 // BLK + tl.arange(0, 1), qs)
 
 
 @triton.jit
@@ -832,7 +863,7 @@ def _routing(lg_ptr, bias_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexp
 
 
 @triton.jit
-def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr,
+def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr,
                  gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr,
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
@@ -857,17 +888,19 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2_ptr, w13_ptr, s13_ptr, wsh13_p
         r = t % (NT * KSG)
         if u <= nu:
             if u == 0:
-                _gemv_tile(r, h2_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True)
+                _gemv_tile(r, h2q_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
+                           h2s_ptr, True)
             else:
                 ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
-                _gemv_tile(r, h2_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
-                           gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True)
+                _gemv_tile(r, h2q_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
+                           gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, h2s_ptr, True)
 
 
 @triton.jit
-def stage_silu(pid, nprog, gu_ptr, inter_ptr, nslot_ptr,
+def stage_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
                W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr, BI: tl.constexpr,
-               NSLOT: tl.constexpr):
+               NSLOT: tl.constexpr, BLK: tl.constexpr):
+    # inter holds SiLU(g) * u quantised for the down GEMM (`_quant_blocks`), scales in inters
     ns = tl.load(nslot_ptr)
     c = tl.arange(0, BI)
     NB: tl.constexpr = I // BI
@@ -886,20 +919,56 @@ def stage_silu(pid, nprog, gu_ptr, inter_ptr, nslot_ptr,
             up = _bf16(up)
             # SGLang's silu_and_mul kernel: fp32 math, one rounding
             a = _div(g, 1.0 + tl.exp(-g)) * up
-            tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, _rbf(a))
+            q, qs = _quant_blocks(_bf16(a), BI, BLK)
+            tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
+            tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)
 
 
 @triton.jit
-def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
+def _down_expert(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
+                 cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                 BND: tl.constexpr, BLK: tl.constexpr):
+    """Slot u's down-projection tile, bf16-rounded [BM, BND] (slot 0: the shared expert). A u
+    past the last slot reads slot ns - 1 again (valid memory; the caller drops the result), so
+    two slots' loads can be issued together without masks."""
+    EB2: tl.constexpr = H * I
+    NKB: tl.constexpr = (I + BLK - 1) // BLK
+    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    uc = tl.minimum(u, ns - 1)
+    ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
+    if uc == 0:
+        wb = wsh2_ptr
+        sb = ssh2_ptr
+    else:
+        wb = w2_ptr + ex * EB2
+        sb = s2_ptr + ex * SB2
+    acc = tl.zeros([BM, BND], tl.float32)
+    for k0 in range(0, I, BLK):
+        # the SiLU stage quantised the input already (e4m3 values as bf16, scales in inters)
+        xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
+        sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
+        w = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
+        w = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
+        acc += _dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
+    return _bf16(acc)  # each expert's down GEMM writes bf16
+
+
+@triton.jit
+def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
                nslot_ptr, out_ptr, routed_scale, dp_ptr, epoch, mbox_tab, flag_tab, abort_ptr,
                abort_tab, err_ptr, rank, deadline,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
-    EB2: tl.constexpr = H * I
-    NKB: tl.constexpr = (I + BLK - 1) // BLK
-    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    # The slots' expert ids are read once as a vector: a per-slot load would put one more
+    # dependent memory round trip in front of every slot's weight load.
+    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
+        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
+    STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
     ns = tl.load(nslot_ptr)
+    sidx = tl.arange(0, NSP2)
+    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
     rows = tl.arange(0, BM)
     rmask = rows < W
     cols0 = tl.arange(0, BND)
@@ -908,32 +977,24 @@ def stage_down(pid, nprog, inter_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e
         cols = t * BND + cols0
         shared = tl.zeros([BM, BND], tl.float32)
         routed = tl.zeros([BM, BND], tl.float32)
-        for u in range(0, ns):
+        # two slots a step where a slot's K is at most 2 blocks (the TP8 shard), so both slots'
+        # weight loads are in flight together; a longer K keeps loads in flight by itself, and
+        # two slots of it spilled (sm_90, TP4 rank). The sum runs in slot order either way
+        # (fused_experts: bf16(y * weight) per slot, fp32 sum, x scale).
+        for u in range(0, ns, STEP):
+            y0 = _down_expert(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows,
+                              rmask, cols, kk, W, BM, H, I, BND, BLK)
+            if STEP == 2:
+                y1 = _down_expert(u + 1, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
+                                  t, rows, rmask, cols, kk, W, BM, H, I, BND, BLK)
+            wr0 = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
             if u == 0:
-                wb = wsh2_ptr
-                sb = ssh2_ptr
+                shared = y0
             else:
-                ex = tl.load(slot_e_ptr + u).to(tl.int64)
-                wb = w2_ptr + ex * EB2
-                sb = s2_ptr + ex * SB2
-            acc = tl.zeros([BM, BND], tl.float32)
-            for k0 in range(0, I, BLK):
-                x = tl.load(inter_ptr + (u * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
-                x = x.to(tl.float32)
-                w = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
-                w = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-                sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
-                sxq = _div(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
-                inv = _div(tl.full([BM], 1.0, tl.float32), sxq)
-                xq = _e4m3_val(_e4m3_bits(x * inv[:, None])).to(tl.bfloat16)
-                acc += _dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
-            y = _bf16(acc)  # each expert's down GEMM writes bf16
-            if u == 0:
-                shared = y
-            else:
-                wr = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
-                # fused_experts: bf16(y * weight) per slot, fp32 sum over the slots, x scale
-                routed += tl.where((wr != 0.0)[:, None], _bf16(y * wr[:, None]), 0.0)
+                routed += tl.where((wr0 != 0.0)[:, None], _bf16(y0 * wr0[:, None]), 0.0)
+            if STEP == 2:
+                wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
+                routed += tl.where((wr1 != 0.0)[:, None], _bf16(y1 * wr1[:, None]), 0.0)
         out = _bf16(routed * routed_scale) + shared
         if R > 1:
             tl.store(dp_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
@@ -1149,13 +1210,13 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
-                         W, BM, H, E, BNR, BLK, KSR)
+                         _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
                        CLOCK, FAULT)
         if ok:
-            stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2, bf16),
+            stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32),
@@ -1165,14 +1226,14 @@ def layer_kernel(
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
                        CLOCK, FAULT)
         if ok:
-            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.NSLOT, i32),
-                       W, I, KSG, BI, NSLOT)
+            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
+                       _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK)
     if FIRST <= 14 and LAST >= 14:
         if ok:
             ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
                        CLOCK, FAULT)
         if ok:
-            ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.W2, u8), _p(row, P.S2, f32),
+            ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
                             _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.OUT, bf16),
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),

@@ -1,0 +1,58 @@
+"""Fill the Triton cache with every layer-kernel variant the GPU suite and the bench launch, one
+process per variant in parallel (a compile takes 10-30 s of one CPU core; the suite compiles
+them one after another). Each process launches its variant once (fused, and every stage of the
+staged mode where the suite runs it), so the cache keys are the launches' own.
+
+PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
+    packages/mono-glm53/bench/warm_cache.py [--jobs 12]
+"""
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+
+# (shape, width, indexer, staged too) for one rank; ("sim", world) for ranks side by side
+VARIANTS = [("tp8", 2, True, True), ("tp8", 4, True, False), ("tp8", 8, True, True),
+            ("tp8", 2, False, True), ("tp1", 2, True, True), ("tp1", 4, True, False),
+            ("tp1", 8, True, False), ("sim", 2), ("sim", 4), ("sim", 8)]
+
+
+def _one(v):
+    import torch
+
+    from mono_glm53.config import REAL
+    from mono_glm53.weights import make_weights
+
+    t0 = time.time()
+    if v[0] == "sim":
+        from mono_glm53.kernels.harness import run_tp_case
+
+        run_tp_case(REAL, v[1], 2, 2, 1000, full_weights=make_weights(REAL, device="cuda", seed=0), seed=1)
+    else:
+        from mono_glm53.kernels.harness import build_case, kernel_out
+        from mono_glm53.kernels.layer import GlmLayerKernel
+
+        sname, width, indexer, staged = v
+        s = REAL.tp_shard(8, 0) if sname == "tp8" else REAL
+        c = build_case(s, width, 1000, indexer, "cuda", seed=1)
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=1000, indexer=indexer)
+        for mode in ("fused", "staged") if staged else ("fused",):
+            kernel_out(c, k, mode)
+        k.guard.check()
+    torch.cuda.synchronize()
+    return f"{v}: {time.time() - t0:.1f}s"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=len(VARIANTS))
+    a = ap.parse_args(argv)
+    with mp.get_context("spawn").Pool(a.jobs) as pool:
+        for line in pool.imap_unordered(_one, VARIANTS):
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
