@@ -12,10 +12,12 @@ import multiprocessing as mp
 import sys
 import time
 
-# (shape, width, indexer, staged too) for one rank; ("sim", world) for ranks side by side
+# (shape, width, indexer, staged too) for one rank; ("sim", worlds) for ranks side by side, one
+# process for all worlds: each holds the whole layer's weights and their shards (~40 GB), and
+# one process per world ran the H200 out of memory (session 7), with the TP1 processes (~20 GB)
 VARIANTS = [("tp8", 2, True, True), ("tp8", 4, True, False), ("tp8", 8, True, True),
             ("tp8", 2, False, True), ("tp1", 2, True, True), ("tp1", 4, True, False),
-            ("tp1", 8, True, False), ("sim", 2), ("sim", 4), ("sim", 8)]
+            ("tp1", 8, True, False), ("sim", (2, 4, 8))]
 
 
 def _one(v):
@@ -28,7 +30,9 @@ def _one(v):
     if v[0] == "sim":
         from mono_glm53.kernels.harness import run_tp_case
 
-        run_tp_case(REAL, v[1], 2, 2, 1000, full_weights=make_weights(REAL, device="cuda", seed=0), seed=1)
+        full = make_weights(REAL, device="cuda", seed=0)
+        for world in v[1]:
+            run_tp_case(REAL, world, 2, 2, 1000, full_weights=full, seed=1)
     else:
         from mono_glm53.kernels.harness import build_case, kernel_out
         from mono_glm53.kernels.layer import GlmLayerKernel
