@@ -1,6 +1,6 @@
 """An injected wait fault must stop ALL ranks: no token of the failed step reaches a client.
 
-Starts the TP server with the kernel's fault injection (`MONO_GLM53_FAULT=rank1:stage7`,
+Starts the TP server with the kernel's fault injection (`MONO_GLM53_FAULT=rank1:stage12`,
 read by `mono_glm53.kernels.layer.fault_stage`: rank 1's program 0 never signals the hand-off
 into the MLA stage, so rank 1's other programs time out and its peers stop on the abort
 flag or their own all-reduce deadline) and a short --watchdog-timeout, sends a request, and
@@ -30,7 +30,7 @@ tp_size = _server.tp_size
 def test_wait_fault_stops_every_rank():
     if tp_size() < 2:
         pytest.skip("a wait fault across ranks needs TP >= 2")
-    server = Server("--watchdog-timeout", "30", env={"MONO_GLM53_FAULT": "rank1:stage7"})
+    server = Server("--watchdog-timeout", "30", env={"MONO_GLM53_FAULT": "rank1:stage12"})
     try:
         server.wait_ready()
         with pytest.raises((urllib.error.URLError, ConnectionError, TimeoutError)):

@@ -1,6 +1,7 @@
 """The kernel's own rounding helpers are bit-exact with torch under the interpreter (its
 native fp32->bf16 and fp32->fp8 casts are not: they truncate / misround)."""
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -53,28 +54,45 @@ def test_index_quant_matches_reference():
 
 
 @triton.jit
-def _ktopk(scores_ptr, seqlen_ptr, topk_ptr, stride, W: tl.constexpr, TOPK: tl.constexpr, BT: tl.constexpr):
-    from mono_glm53.kernels.stages import stage_topk
+def _ktk(scores_ptr, seqlen_ptr, topk_ptr, tkh_ptr, tkc_ptr, stride, nck, W: tl.constexpr,
+         TOPK: tl.constexpr, STEP: tl.constexpr):
+    from mono_glm53.kernels.stages import stage_tkcount, stage_tkhist, stage_tkwrite
 
-    stage_topk(tl.program_id(0), tl.num_programs(0), scores_ptr, stride, seqlen_ptr, topk_ptr, W, TOPK, True, BT)
+    pid, nprog = tl.program_id(0), tl.num_programs(0)
+    if STEP < 4:
+        stage_tkhist(pid, nprog, scores_ptr, stride, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, STEP)
+    elif STEP == 4:
+        stage_tkcount(pid, nprog, scores_ptr, stride, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True)
+    else:
+        stage_tkwrite(pid, nprog, scores_ptr, stride, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, W, TOPK, True)
 
 
-def test_radix_topk_selects_exactly_the_largest_with_ties_by_index():
-    """stage_topk's radix select: the TOPK largest of each row's first seq_len scores; among
-    scores equal to the threshold the lowest indices; negatives, -0.0 and many ties."""
+def _want(v: torch.Tensor, k: int) -> list[int]:
+    """Every index above the k-th largest value in index order, then the ties in index order."""
+    if v.numel() <= k:
+        return list(range(v.numel())) + [-1] * (k - v.numel())
+    thr = v.sort(descending=True).values[k - 1]
+    above = torch.nonzero(v > thr).flatten().tolist()
+    ties = torch.nonzero(v == thr).flatten().tolist()
+    return above + ties[: k - len(above)]
+
+
+@pytest.mark.parametrize("grid", [1, 3, 64])
+def test_radix_topk_selects_exactly_the_largest_with_ties_by_index(grid):
+    """The top-k stages, launched one after another as the staged mode does: each row's TOPK
+    largest of its first seq_len scores (above the threshold in index order, then the lowest-index
+    ties); negatives, -0.0 and many ties; a row shorter than TOPK; any number of programs."""
     g = torch.Generator().manual_seed(2)
-    W, L, TOPK = 3, 3000, 512
+    W, L, TOPK = 4, 3000, 512
     sc = torch.randn(W, L, generator=g)
     sc[1] = torch.randint(-20, 20, (L,), generator=g).float() / 4  # heavy ties
     sc[2, :1500] = -0.0
-    seq = torch.tensor([3000, 2001, 2999], dtype=torch.int32)
-    out = torch.full((W, TOPK), -1, dtype=torch.int32)
-    _ktopk[(2,)](sc, seq, out, sc.stride(0), W, TOPK, 256)
+    seq = torch.tensor([3000, 2001, 2999, 300], dtype=torch.int32)
+    nck = (L + 255) // 256
+    out = torch.full((W, TOPK), -7, dtype=torch.int32)
+    tkh = torch.zeros(W, 4, 256, dtype=torch.int32)
+    tkc = torch.zeros(W, nck, 2, dtype=torch.int32)
+    for step in range(6):
+        _ktk[(grid,)](sc, seq, out, tkh, tkc, sc.stride(0), nck, W, TOPK, step)
     for r in range(W):
-        n = int(seq[r])
-        v = sc[r, :n]
-        thr = v.sort(descending=True).values[TOPK - 1]
-        want = set(torch.nonzero(v > thr).flatten().tolist())
-        ties = torch.nonzero(v == thr).flatten().tolist()
-        want |= set(ties[: TOPK - len(want)])
-        assert set(out[r].tolist()) == want, r
+        assert out[r].tolist() == _want(sc[r, : int(seq[r])], TOPK), r

@@ -117,7 +117,7 @@ def test_tp_ranks_all_reduce_in_kernel(world):
 
 
 def test_injected_wait_fault_names_the_stage(monkeypatch):
-    """MONO_GLM53_FAULT=stage7: program 0 never signals the hand-off into the MLA stage; every
+    """MONO_GLM53_FAULT=stage12: program 0 never signals the hand-off into the MLA stage; every
     other program's guarded wait expires and the error word names that stage (report mode)."""
     from mono_common.errors import MonoWaitTimeout
     from mono_glm53.kernels.harness import build_case
@@ -125,24 +125,24 @@ def test_injected_wait_fault_names_the_stage(monkeypatch):
     from mono_glm53.reference import LayerCaches
 
     monkeypatch.setenv("MONO_GUARD_MODE", "report")
-    monkeypatch.setenv("MONO_GLM53_FAULT", "stage7")
+    monkeypatch.setenv("MONO_GLM53_FAULT", "stage12")
     s, w = _weights("tp8")
     c = build_case(s, 2, 1000, True, "cuda", seed=3, weights=w)
     k = GlmLayerKernel(s, w, 2, max_seq_len=1000, deadline_s=0.5)
-    assert k.stall == 7
+    assert k.stall == 12
     k.set_inputs(c.hidden, c.residual, c.inputs)
     k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
-    with pytest.raises(MonoWaitTimeout, match=r"stage 7 \(mla\)"):
+    with pytest.raises(MonoWaitTimeout, match=r"stage 12 \(mla\)"):
         k.guard.check()
 
 
 def test_tp_injected_fault_on_one_rank_stops_every_rank(monkeypatch):
-    """MONO_GLM53_FAULT=rank1:stage7 at TP 2 side by side: rank 1 times out at the MLA
+    """MONO_GLM53_FAULT=rank1:stage12 at TP 2 side by side: rank 1 times out at the MLA
     hand-off, raises the shared abort flag, and rank 0 stops too (no hang)."""
     from mono_glm53.config import REAL
     from mono_glm53.kernels.harness import run_tp_case
 
-    monkeypatch.setenv("MONO_GLM53_FAULT", "rank1:stage7")
+    monkeypatch.setenv("MONO_GLM53_FAULT", "rank1:stage12")
     r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=0.5)
     assert r["stopped"] == 1.0, r
-    assert "stage 7 (mla), rank 1" in r["message"] and "rank 0" in r["message"], r
+    assert "stage 12 (mla), rank 1" in r["message"] and "rank 0" in r["message"], r

@@ -87,7 +87,6 @@ class Plan:
     CT: int
     HG: int
     VB: int
-    BT: int
     BI: int
     TB: int
     # tensor parallel (set by `make_tp_plan`): R ranks all-reduce in the kernel
@@ -135,7 +134,6 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
     ct = min(64, s.index_topk)
     hg = 16
     vb = min(32, s.v_head)
-    bt = 1024 if s.index_topk >= 1024 else max(16, s.index_topk)
     bi = min(128, i_l)
     return Plan(
         W=width, BM=max(16, width), H=s.hidden, QL=s.q_lora, KVL=s.kv_lora, RD=s.qk_rope,
@@ -144,7 +142,7 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
         PG=s.page, HB=s.hidden & -s.hidden if (s.hidden & -s.hidden) <= 2048 else 2048, NSLOT=nslot, INDEXER=bool(indexer), IDX_FUSED=bool(s.indexer_fused),
         HADAMARD=bool(s.indexer_hadamard), MLA_NEOX=not s.rope_interleave,
         IDX_NEOX=not s.indexer_rope_interleave, BN=bn, KS1=ks1, KSI=ksi, KS3=ks3, KSQ=ksq,
-        KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BND=bnd, CT=ct, HG=hg, VB=vb, BT=bt, BI=bi, TB=min(32, s.page),
+        KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=min(32, s.page),
     )
 
 
@@ -184,7 +182,7 @@ def fault_stage(rank: int, env: str | None = None) -> int:
     """The stage hand-off this rank's program 0 skips (an injected wait fault), or -1.
 
     MONO_GLM53_FAULT="stage<S>" (every rank) or "rank<R>:stage<S>" (rank R only), S in
-    1..14 (the hand-off into stage S, see stages.STAGE_NAMES); unset or empty: no fault."""
+    1..19 (the hand-off into stage S, see stages.STAGE_NAMES); unset or empty: no fault."""
     from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
 
     v = (os.environ.get(FAULT_ENV, "") if env is None else env).strip().lower()
@@ -319,6 +317,9 @@ class GlmLayerKernel:
         self.iq8 = z(W, p.IH, p.ID)
         self.iwt = z(W, p.IH)
         self.scores = z(W, self.max_seq_len)
+        # the top-k stages': per row 4 radix histograms of 256 bins, per 256-key chunk 2 counts
+        self.tkh = z(W, 4, 256, dtype=i32)
+        self.tkc = z(W, _cdiv(self.max_seq_len, 256), 2, dtype=i32)
         self.part = z(W, p.NH, nch, p.KVL)
         self.ml = z(W, p.NH, nch, 2)
         self.attn = z(W, p.NH, p.KVL, dtype=bf16)
@@ -440,7 +441,7 @@ class GlmLayerKernel:
             w["self_attn.indexer.k_norm.weight"], w["self_attn.indexer.k_norm.bias"],
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
-            self.qabs, self.iq8, self.iwt, self.scores, self.part, self.ml,
+            self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.part, self.ml,
             self.mcnt, self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,
             self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,

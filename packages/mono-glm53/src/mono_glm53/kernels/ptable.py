@@ -69,6 +69,8 @@ SLOTS = (
     ("iq8", "fp32"),
     ("iwt", "fp32"),
     ("scores", "fp32"),
+    ("tkh", "i32"),
+    ("tkc", "i32"),
     ("part", "fp32"),
     ("ml", "fp32"),
     ("mcnt", "i32"),

@@ -14,20 +14,25 @@ Stage list (index: what it does; who reads its output):
   3  QB        FP8 GEMV qn @ q_b^T and (indexer) qn @ wq_b^T (split-K)
   4  ABSORB    per head: q_pe RoPE, q_nope @ W_UK -> qabs;  per index head: RoPE (+Hadamard),
                FP8 quant of index q, head weight * scale
-  5  ISCORE    index scores over the context pages (FP8 keys from the paged cache)
-  6  TOPK      exact top-TOPK per row (8-bit radix select on order-preserving keys)
-  7  MLA       sparse MLA over the selected tokens, split over token chunks; the last chunk
+  5  ISCORE    index scores over the context pages (FP8 keys from the paged cache); zeroes the
+               rows' top-k histograms
+  6-9 TKHIST   exact top-TOPK per row, 8-bit radix select on order-preserving keys, one pass a
+               stage: the histogram of the next digit among the keys sharing the threshold's
+               prefix, every 256-key chunk of every row a tile (atomic integer sums)
+  10 TKCOUNT   per chunk: keys above the threshold and keys equal to it
+  11 TKWRITE   per chunk: its keys' slots after the earlier chunks' counts -> topk
+  12 MLA       sparse MLA over the selected tokens, split over token chunks; the last chunk
                program of a (row, head group) combines the chunks (deterministic order)
-  8  WUV       attn @ W_UV per (head, v block)
-  9  OPROJ     FP8 GEMV o_proj (split-K)
-  10 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
+  13 WUV       attn @ W_UV per (head, v block)
+  14 OPROJ     FP8 GEMV o_proj (split-K)
+  15 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
                inside the stage) + residual add + post RMSNorm -> h2
-  11 ROUTER    bf16 GEMV router logits (fp32, split-K); h2 quantised for gate_up once
+  16 ROUTER    bf16 GEMV router logits (fp32, split-K); h2 quantised for gate_up once
                (h2q, h2s), not by every gate_up tile
-  12 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
+  17 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
                FP8 GEMV gate_up for shared + unique routed experts (split-K)
-  13 SILU      sum split-K partials, SiLU(g) * u (bf16) quantised for down -> inter, inters
-  14 DOWN      FP8 GEMV down (two slots a step at K <= 2 blocks), weighted sum over the experts in fixed order;
+  18 SILU      sum split-K partials, SiLU(g) * u (bf16) quantised for down -> inter, inters
+  19 DOWN      FP8 GEMV down (two slots a step at K <= 2 blocks), weighted sum over the experts in fixed order;
                all-reduce point 2
                (R > 1: each program pushes the tiles it computed, then sums its blocks)
 
@@ -68,10 +73,11 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_glm53.kernels import ptable as P
 
-NSTAGES = 15
+NSTAGES = 20
 STAGE_NAMES = (
-    "addnorm", "qkva", "latent", "qb", "absorb", "iscore", "topk", "mla", "wuv", "oproj",
-    "postnorm", "router", "gateup", "silu", "down",
+    "addnorm", "qkva", "latent", "qb", "absorb", "iscore", "tkhist0", "tkhist1", "tkhist2",
+    "tkhist3", "tkcount", "tkwrite", "mla", "wuv", "oproj", "postnorm", "router", "gateup",
+    "silu", "down",
 )
 
 
@@ -551,10 +557,13 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
 
 @triton.jit
 def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_ptr, rtt_ptr,
-                 stride_rtt, scores_ptr, max_tb, stride_sc,
+                 stride_rtt, scores_ptr, max_tb, stride_sc, tkh_ptr,
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr):
     if INDEXER:
+        # the top-k stages' histograms (4 passes x 256 bins a row) start from zero every step
+        for m in range(pid, W, nprog):
+            tl.store(tkh_ptr + m * 1024 + tl.arange(0, 1024), tl.zeros([1024], tl.int32))
         tok = tl.arange(0, TB)
         d = tl.arange(0, ID)
         hh = tl.arange(0, IHP)
@@ -589,65 +598,116 @@ def _okey(x):
     return k.to(tl.int64) + 2147483648
 
 
+# Keys per chunk of the top-k stages: one 256-bin histogram of 256 keys a chunk (at 1024 keys a
+# histogram held too many of gfx950's SGPRs: one lane ballot per digit bit per key a thread holds)
+TKC = tl.constexpr(256)
+
+
 @triton.jit
-def stage_topk(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr,
-               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, BT: tl.constexpr):
+def _tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
+    """The threshold's top PASSES digits (8 bits each, from the top) and the keys still to place
+    below them, from the row's first PASSES histograms at hb (every program derives the same
+    values from the same complete histograms). Per pass the digit is the largest whose suffix
+    count (keys with that digit or more among the prefix's keys) still reaches the keys left."""
+    dig = tl.arange(0, 256)
+    thr = tl.full([], 0, tl.int64)
+    need = tl.full([], TOPK, tl.int32)
+    for ps in tl.static_range(PASSES):
+        hist = tl.load(hb + ps * 256 + dig)
+        suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        b = tl.max(tl.where(suffix >= need, dig, 0), 0)
+        need -= tl.sum(tl.where(dig > b, hist, 0), 0)
+        thr = thr | (b.to(tl.int64) << (24 - 8 * ps))
+    return thr, need
+
+
+@triton.jit
+def stage_tkhist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
+                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS: tl.constexpr):
+    """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
+    of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
+    row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
     if INDEXER:
-        j = tl.arange(0, BT)
-        for m in range(pid, W, nprog):
+        dig = tl.arange(0, TKC)
+        shift: tl.constexpr = 24 - 8 * PASS
+        for t in range(pid, W * nck, nprog):
+            m = t // nck
+            c0 = (t % nck) * TKC
+            n = tl.load(seqlen_ptr + m)
+            if (n > TOPK) & (c0 < n):
+                hb = tkh_ptr + m * (4 * 256)
+                thr, need = _tk_prefix(hb, TOPK, PASS)
+                inb = c0 + dig < n
+                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
+                d = ((key >> shift) & 255).to(tl.int32)
+                # no histogram mask on every Triton: count the others as digit 0 and take them
+                # off again
+                hist = tl.histogram(tl.where(match, d, 0), 256)
+                hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
+                tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
+
+
+@triton.jit
+def stage_tkcount(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+    """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
+    and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
+    if INDEXER:
+        dig = tl.arange(0, TKC)
+        for t in range(pid, W * nck, nprog):
+            m = t // nck
+            c0 = (t % nck) * TKC
+            n = tl.load(seqlen_ptr + m)
+            if (n > TOPK) & (c0 < n):
+                thr, need = _tk_prefix(tkh_ptr + m * (4 * 256), TOPK, 4)
+                inb = c0 + dig < n
+                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                tl.store(tkc_ptr + t * 2, tl.sum(((key > thr) & inb).to(tl.int32), 0))
+                tl.store(tkc_ptr + t * 2 + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
+
+
+@triton.jit
+def stage_tkwrite(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+    """The row's top-TOPK token indices: every key above the threshold in index order, then the
+    ties in index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes
+    0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts."""
+    if INDEXER:
+        dig = tl.arange(0, TKC)
+        nw = tl.maximum(nck, (TOPK + TKC - 1) // TKC)
+        for t in range(pid, W * nw, nprog):
+            m = t // nw
+            c = t % nw
+            c0 = c * TKC
             n = tl.load(seqlen_ptr + m)
             if n <= TOPK:
-                for c0 in range(0, TOPK, BT):
-                    tl.store(topk_ptr + m * TOPK + c0 + j, tl.where(c0 + j < n, c0 + j, -1),
-                             mask=c0 + j < TOPK)
-            else:
-                # exact threshold: the TOPK-th largest key, found radix-style 8 bits a pass
-                # from the top (4 passes over the scores instead of 32 for bit bisection):
-                # per pass, the histogram of the next digit among the keys that share the
-                # prefix found so far; the digit is the largest whose suffix count still
-                # reaches the number of keys left to place.
-                thr = tl.full([], 0, tl.int64)
-                need = tl.full([], TOPK, tl.int32)
-                dig = tl.arange(0, 256)
-                for ps in range(4):
-                    shift = 24 - 8 * ps
-                    hist = tl.zeros([256], tl.int32)
-                    # 256-key tiles: the histogram takes one lane ballot per digit bit per
-                    # key a thread holds, and at 1024 keys those held gfx950's SGPRs
-                    for c0 in range(0, n, 256):
-                        inb = c0 + dig < n
-                        v = tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0)
-                        key = _okey(v)
-                        match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
-                        d = ((key >> shift) & 255).to(tl.int32)
-                        # no histogram mask on every Triton: count the others as digit 0 and
-                        # take them off again
-                        hist += tl.histogram(tl.where(match, d, 0), 256)
-                        hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
-                    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys with digit >= b
-                    b = tl.max(tl.where(suffix >= need, dig, 0), 0)
-                    above = tl.sum(tl.where(dig > b, hist, 0), 0)
-                    need -= above
-                    thr = thr | (b.to(tl.int64) << shift)
-                # every key > thr, then ties == thr in index order: deterministic
-                gt = tl.full([], 0, tl.int32)
-                for c0 in range(0, n, BT):
-                    inb = c0 + j < n
-                    v = tl.load(scores_ptr + m * stride_sc + c0 + j, mask=inb, other=0.0)
-                    si = ((_okey(v) > thr) & inb).to(tl.int32)
-                    slot = gt + tl.cumsum(si, 0) - si
-                    # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing
-                    # past the row (the rows after it, or past the buffer)
-                    tl.store(topk_ptr + m * TOPK + slot, c0 + j, mask=(si != 0) & (slot < TOPK))
-                    gt += tl.sum(si, 0)
-                eq = gt
-                for c0 in range(0, n, BT):
-                    inb = c0 + j < n
-                    v = tl.load(scores_ptr + m * stride_sc + c0 + j, mask=inb, other=0.0)
-                    si = ((_okey(v) == thr) & inb).to(tl.int32)
-                    slot = eq + tl.cumsum(si, 0) - si
-                    tl.store(topk_ptr + m * TOPK + slot, c0 + j, mask=(si != 0) & (slot < TOPK))
-                    eq += tl.sum(si, 0)
+                tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
+                         mask=c0 + dig < TOPK)
+            elif c0 < n:
+                thr, need = _tk_prefix(tkh_ptr + m * (4 * 256), TOPK, 4)
+                ncr = (n + TKC - 1) // TKC
+                gtb = tl.full([], 0, tl.int32)
+                eqb = tl.full([], 0, tl.int32)
+                gtt = tl.full([], 0, tl.int32)
+                for b0 in range(0, ncr, TKC):
+                    cc = b0 + dig
+                    cb = tkc_ptr + (m * nck + cc) * 2
+                    g = tl.load(cb, mask=cc < ncr, other=0)
+                    e = tl.load(cb + 1, mask=cc < ncr, other=0)
+                    gtb += tl.sum(tl.where(cc < c, g, 0), 0)
+                    eqb += tl.sum(tl.where(cc < c, e, 0), 0)
+                    gtt += tl.sum(g, 0)
+                inb = c0 + dig < n
+                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
+                # the row (the rows after it, or past the buffer)
+                si = ((key > thr) & inb).to(tl.int32)
+                slot = gtb + tl.cumsum(si, 0) - si
+                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
+                si = ((key == thr) & inb).to(tl.int32)
+                slot = gtt + eqb + tl.cumsum(si, 0) - si
+                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
 
 
 @triton.jit
@@ -792,10 +852,11 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
         ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
         allreduce_push(ap_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, ARB, ARM, R, RP2, True)
         ok = allreduce_sum(ar1_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
-                           pid, nprog, 10, deadline, H, ARB, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+                           pid, nprog, 15, deadline, H, ARB, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
         if ok:
+            # counter 20: past the stage hand-offs' (0..NSTAGES-2)
             signal(cnt_ptr + 20, 1, False)
-            ok = wait_ge(cnt_ptr + 20, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 10,
+            ok = wait_ge(cnt_ptr + 20, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 15,
                          deadline, R, CLOCK, FAULT, False)
     if ok:
         for m in range(pid, W, nprog):
@@ -1008,7 +1069,7 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
         ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
         allreduce_push(dp_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, BND, ARM, R, RP2, True)
         ok = allreduce_sum(out_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
-                           pid, nprog, 14, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+                           pid, nprog, 19, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
     return ok
 
 
@@ -1075,7 +1136,7 @@ def layer_kernel(
     BN: tl.constexpr, KS1: tl.constexpr, KSI: tl.constexpr, KS3: tl.constexpr,
     KSQ: tl.constexpr, KS9: tl.constexpr, BNR: tl.constexpr, KSR: tl.constexpr,
     KSG: tl.constexpr, BND: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, VB: tl.constexpr,
-    BT: tl.constexpr, BI: tl.constexpr, TB: tl.constexpr,
+    BI: tl.constexpr, TB: tl.constexpr,
     # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
     # ARB the column block of all-reduce point 1
     R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
@@ -1083,7 +1144,7 @@ def layer_kernel(
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
 ):
-    """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=14, FUSED, stages linked by
+    """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=19, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1156,17 +1217,55 @@ def layer_kernel(
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
-                         _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), W, IH, IHP, ID, PG, TB, INDEXER)
+                         _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
+                         W, IH, IHP, ID, PG, TB, INDEXER)
+    # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
+    nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     if FIRST <= 6 and LAST >= 6:
         if ok:
             ok = _sync(row, 6, epoch, nprog, pid, FUSED and FIRST < 6, R,
                        CLOCK, FAULT)
         if ok:
-            stage_topk(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                       _p(row, P.TOPK, i32), W, TOPK, INDEXER, BT)
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 0)
     if FIRST <= 7 and LAST >= 7:
         if ok:
             ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 1)
+    if FIRST <= 8 and LAST >= 8:
+        if ok:
+            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 2)
+    if FIRST <= 9 and LAST >= 9:
+        if ok:
+            ok = _sync(row, 9, epoch, nprog, pid, FUSED and FIRST < 9, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 3)
+    if FIRST <= 10 and LAST >= 10:
+        if ok:
+            ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
+    if FIRST <= 11 and LAST >= 11:
+        if ok:
+            ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER)
+    if FIRST <= 12 and LAST >= 12:
+        if ok:
+            ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
                        CLOCK, FAULT)
         if ok:
             # an indexer layer attends over its own top-k, a non-indexer layer over the last
@@ -1179,23 +1278,23 @@ def layer_kernel(
                       _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT), _p(row, P.PART, f32),
                       _p(row, P.ML, f32), _p(row, P.MCNT, i32), _p(row, P.ATTN, bf16), epoch, _sf(row, P.SM_SCALE),
                       W, NH, KVL, RD, TOPK, CT, HG)
-    if FIRST <= 8 and LAST >= 8:
+    if FIRST <= 13 and LAST >= 13:
         if ok:
-            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R,
+            ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
                        CLOCK, FAULT)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
-    if FIRST <= 9 and LAST >= 9:
+    if FIRST <= 14 and LAST >= 14:
         if ok:
-            ok = _sync(row, 9, epoch, nprog, pid, FUSED and FIRST < 9, R,
+            ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
                        CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BN, BLK, KS9)
-    if FIRST <= 10 and LAST >= 10:
+    if FIRST <= 15 and LAST >= 15:
         if ok:
-            ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
+            ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
                        CLOCK, FAULT)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
@@ -1204,16 +1303,16 @@ def layer_kernel(
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
                                 W, BM, H, HB, KS9, R, RP2, ARB, CLOCK, FAULT)
-    if FIRST <= 11 and LAST >= 11:
+    if FIRST <= 16 and LAST >= 16:
         if ok:
-            ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
+            ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
                        CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                          _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR)
-    if FIRST <= 12 and LAST >= 12:
+    if FIRST <= 17 and LAST >= 17:
         if ok:
-            ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
+            ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
                        CLOCK, FAULT)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
@@ -1221,16 +1320,16 @@ def layer_kernel(
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32),
                          W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT)
-    if FIRST <= 13 and LAST >= 13:
+    if FIRST <= 18 and LAST >= 18:
         if ok:
-            ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
+            ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
                        CLOCK, FAULT)
         if ok:
             stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
                        _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK)
-    if FIRST <= 14 and LAST >= 14:
+    if FIRST <= 19 and LAST >= 19:
         if ok:
-            ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
+            ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
                        CLOCK, FAULT)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# H200 session 8, second call: this tree's whole mono-glm53 GPU suite, the bench of this tree
+# (TP8 shard and TP1, unfused vs mono), then the base tree's mono path (BASE, a `git archive`
+# of the previous commit's src folders) in the same run for the side-by-side numbers, then the
+# fused launch's stamped per-stage spans of both trees if time is left (no staged timing).
+# Usage (repo root): OUT=dir BASE=dir bash packages/mono-glm53/bench/gpu_session8.sh
+set -u
+export TRITON_CACHE_DIR=$PWD/.triton-cache MONO_GUARD_MODE=report PYTHONUNBUFFERED=1
+CALL_S=${CALL_S:-575}
+left() { echo $(( CALL_S - SECONDS - ${1:-0} )); }
+srcs() { echo "$1/packages/mono-common/src:$1/packages/mono-glm53/src"; }
+bench() { local tree=$1 tag=$2 paths=$3 shapes=$4 lim=$(left 10)
+  [ "$lim" -gt 40 ] || { echo "bench $tag skipped (time)"; return; }
+  PYTHONPATH=$(srcs "$tree") timeout "$lim" python3 packages/mono-glm53/bench/bench_glm53_mono.py --shapes "$shapes" \
+    --paths "$paths" --out "$OUT/bench_$tag" --max-seconds $(( lim - 30 )) > "$OUT/bench_$tag.log" 2>&1
+  echo "bench rc=$? t=${SECONDS}s" >> "$OUT/bench_$tag.log"; grep -v "^{\|^scaled_mm\|Warn\|warn" "$OUT/bench_$tag.log" | tail -40 | cut -c1-90; }
+diag() { local tree=$1 tag=$2 lim=$(left 5)
+  [ "$lim" -gt 30 ] || { echo "diag $tag skipped (time)"; return; }
+  PYTHONPATH=$(srcs "$tree") timeout "$lim" python3 packages/mono-glm53/bench/diag_stages.py --no-staged \
+    --out "$OUT" --cases ${CASES:-tp8:2:4096,tp8:2:65536} > "$OUT/diag_$tag.log" 2>&1
+  echo "rc=$? t=${SECONDS}s" >> "$OUT/diag_$tag.log"; mv "$OUT/diag_stages.json" "$OUT/diag_$tag.json" 2>/dev/null
+  python3 -c "
+import json
+for r in json.load(open('$OUT/diag_$tag.json')):
+    print('$tag', r['width'], r['ctx'], 'fused', round(r['fused_us'],1), {k: round(v['span'],1) for k, v in r['fused_stamps_us'].items()})" 2>&1 | cut -c1-500; }
+PYTHONPATH=$(srcs "$PWD") timeout $(left ${BENCH_RESERVE:-200}) python3 -m pytest -q -rA --timeout ${TEST_S:-150} --tb=short \
+  -p no:cacheprovider -p no:hypothesispytest --durations=0 packages/mono-glm53/tests/kernels > "$OUT/glm53_suite.log" 2>&1
+echo "rc=$? t=${SECONDS}s" >> "$OUT/glm53_suite.log"
+grep -n "FAILED\|ERROR\|passed\|failed\|rc=" "$OUT/glm53_suite.log" | cut -c1-250 | head -30
+bench "$PWD" new unfused,mono tp8,tp1
+bench "$BASE" base unfused,mono tp8,tp1  # call 2 ran "mono tp8": the bench needs unfused first
+diag "$PWD" new
+diag "$BASE" base
