@@ -3,7 +3,9 @@
 # (TP8 shard and TP1, unfused vs mono), then the base tree's mono path (BASE, a `git archive`
 # of the previous commit's src folders) in the same run for the side-by-side numbers, then the
 # fused launch's stamped per-stage spans of both trees if time is left (no staged timing).
-# Usage (repo root): OUT=dir BASE=dir bash packages/mono-glm53/bench/gpu_session8.sh
+# WARM=1: first every variant of the suite compiled in parallel (warm_cache.py), and the base
+# tree's fused TP8 w2/w8 beside it for its diag; ORDER=diag-first: the diags before the benches.
+# Usage (repo root): OUT=dir BASE=dir [WARM=1] [ORDER=diag-first] [BENCH_SHAPES=tp8] bash packages/mono-glm53/bench/gpu_session8.sh
 set -u
 export TRITON_CACHE_DIR=$PWD/.triton-cache MONO_GUARD_MODE=report PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-575}
@@ -23,11 +25,17 @@ diag() { local tree=$1 tag=$2 lim=$(left 5)
 import json
 for r in json.load(open('$OUT/diag_$tag.json')):
     print('$tag', r['width'], r['ctx'], 'fused', round(r['fused_us'],1), {k: round(v['span'],1) for k, v in r['fused_stamps_us'].items()})" 2>&1 | cut -c1-500; }
+if [ -n "${WARM:-}" ]; then
+  PYTHONPATH=$(srcs "$BASE") timeout ${WARM_S:-200} python3 packages/mono-glm53/bench/warm_cache.py \
+    --variants tp8:2,tp8:8 > "$OUT/warm_base.log" 2>&1 &
+  PYTHONPATH=$(srcs "$PWD") timeout ${WARM_S:-200} python3 packages/mono-glm53/bench/warm_cache.py > "$OUT/warm.log" 2>&1
+  echo "warm rc=$? t=${SECONDS}s" >> "$OUT/warm.log"; wait; echo "warm_base done t=${SECONDS}s" >> "$OUT/warm_base.log"
+  tail -12 "$OUT/warm.log" | cut -c1-160; tail -4 "$OUT/warm_base.log" | cut -c1-160; fi
 PYTHONPATH=$(srcs "$PWD") timeout $(left ${BENCH_RESERVE:-200}) python3 -m pytest -q -rA --timeout ${TEST_S:-150} --tb=short \
   -p no:cacheprovider -p no:hypothesispytest --durations=0 packages/mono-glm53/tests/kernels > "$OUT/glm53_suite.log" 2>&1
 echo "rc=$? t=${SECONDS}s" >> "$OUT/glm53_suite.log"
 grep -n "FAILED\|ERROR\|passed\|failed\|rc=" "$OUT/glm53_suite.log" | cut -c1-250 | head -30
-bench "$PWD" new unfused,mono tp8,tp1
-bench "$BASE" base unfused,mono tp8,tp1  # call 2 ran "mono tp8": the bench needs unfused first
-diag "$PWD" new
-diag "$BASE" base
+benches() { bench "$PWD" new unfused,mono ${BENCH_SHAPES:-tp8,tp1}
+  bench "$BASE" base unfused,mono ${BENCH_SHAPES:-tp8,tp1}; }  # call 2 ran "mono tp8": the bench needs unfused first
+diags() { diag "$PWD" new; diag "$BASE" base; }
+if [ "${ORDER:-}" = diag-first ]; then diags; benches; else benches; diags; fi

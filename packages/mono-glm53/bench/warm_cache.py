@@ -4,7 +4,7 @@ them one after another). Each process launches its variant once (fused, and ever
 staged mode where the suite runs it), so the cache keys are the launches' own.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
-    packages/mono-glm53/bench/warm_cache.py [--jobs 12]
+    packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--variants tp8:2,tp8:8]
 """
 
 import argparse
@@ -50,10 +50,16 @@ def _one(v):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--jobs", type=int, default=len(VARIANTS))
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--variants", default=None,
+                    help="comma list of shape:width[:staged] (indexer; fused, and with ':staged' every "
+                         "stage alone too) instead of the suite's and the bench's")
     a = ap.parse_args(argv)
-    with mp.get_context("spawn").Pool(a.jobs) as pool:
-        for line in pool.imap_unordered(_one, VARIANTS):
+    todo = VARIANTS
+    if a.variants:
+        todo = [(v.split(":")[0], int(v.split(":")[1]), True, v.endswith(":staged")) for v in a.variants.split(",")]
+    with mp.get_context("spawn").Pool(a.jobs or len(todo)) as pool:
+        for line in pool.imap_unordered(_one, todo):
             print(line, flush=True)
     return 0
 
