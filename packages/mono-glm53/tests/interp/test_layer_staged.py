@@ -36,6 +36,16 @@ def test_staged_equals_reference(width, rows, ctx, indexer, inter):
         assert m["glm53_layer.index_k.dequant_cosine_min"] > 0.9999, m
 
 
+def test_staged_equals_reference_several_chunks():
+    """Top-k 128 of ctx 700: three 256-key top-k chunks per row, and two 64-token MLA chunks
+    to combine (the tiny top-k of 16 gives one of each)."""
+    s = tiny(index_heads=8, index_topk=128)
+    m = run_case(s, 2, 2, 700, True, modes=("staged",), nprog=3, seed=7)
+    assert not failures(m), m
+    assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
 def test_seed0_caches_bit_exact():
     """With seed 0 no GEMM output flips a bf16 rounding: caches and index keys bit-exact."""
     m = run_case(tiny(), 2, 1, 10, True, modes=("staged",), nprog=2, seed=0)

@@ -1116,6 +1116,20 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
     return ok
 
 
+@triton.jit
+def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
+               FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
+               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+    """Stage s of 6..9 when in FIRST..LAST: the hand-off into it, then radix pass s - 6."""
+    if FIRST <= s and LAST >= s:
+        if ok:
+            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT)
+        if ok:
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                         _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6)
+    return ok
+
+
 # Every runtime value but the weight-absorption strides is in the table: rank, deadline, delay
 # and the fault stage too, so no value Triton would specialise on (rank 1, delay 0) varies
 # between ranks or launches, and none holds a scalar register for the whole launch.
@@ -1221,34 +1235,8 @@ def layer_kernel(
                          W, IH, IHP, ID, PG, TB, INDEXER)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
-    if FIRST <= 6 and LAST >= 6:
-        if ok:
-            ok = _sync(row, 6, epoch, nprog, pid, FUSED and FIRST < 6, R,
-                       CLOCK, FAULT)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 0)
-    if FIRST <= 7 and LAST >= 7:
-        if ok:
-            ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R,
-                       CLOCK, FAULT)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 1)
-    if FIRST <= 8 and LAST >= 8:
-        if ok:
-            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R,
-                       CLOCK, FAULT)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 2)
-    if FIRST <= 9 and LAST >= 9:
-        if ok:
-            ok = _sync(row, 9, epoch, nprog, pid, FUSED and FIRST < 9, R,
-                       CLOCK, FAULT)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                         _p(row, P.TKH, i32), nck, W, TOPK, INDEXER, 3)
+    for s in tl.static_range(6, 10):
+        ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER)
     if FIRST <= 10 and LAST >= 10:
         if ok:
             ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
