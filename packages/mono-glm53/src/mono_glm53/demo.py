@@ -46,13 +46,15 @@ def main(argv=None) -> int:
         from mono_glm53.kernels.layer import GlmLayerKernel
         from mono_glm53.weights import weight_bytes
 
-        c = build_case(s, a.rows, a.ctx, True, dev)
-        k = GlmLayerKernel(s, c.w, a.width, a.ctx, device=dev)
+        c = build_case(s, a.rows, a.ctx, not a.no_indexer, dev)
+        k = GlmLayerKernel(s, c.w, a.width, a.ctx, indexer=not a.no_indexer, device=dev)
         k.set_inputs(c.hidden, c.residual, c.inputs)
         caches = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
         t = fused_time_us(k, caches)
         nbytes = weight_bytes(c.w, s, min(s.n_experts, a.rows * s.top_k))
-        nbytes += a.rows * (min(a.ctx, s.index_topk) * s.kv_cache_dim * 2 + a.ctx * s.index_k_token_bytes)
+        nbytes += a.rows * min(a.ctx, s.index_topk) * s.kv_cache_dim * 2
+        if not a.no_indexer:
+            nbytes += a.rows * a.ctx * s.index_k_token_bytes
         floor = nbytes / 4.25e12 * 1e6
         print(f"fused: {t:.2f} us, floor {floor:.3f} us ({floor / t:.1%} of floor)")
     return 0 if not bad else 1
