@@ -1,6 +1,6 @@
 """H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
 captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time
-(for each --warps value, with the outputs' max difference from the first value's), the fused
+(for each --warps and --nprog value, with the outputs' max difference from the first one's), the fused
 launch's own per-stage span/busy/hand-off times from its clock stamps (kernels.stamps),
 and (with --fault) a staged run that synchronises after every stage to find a faulting one.
 
@@ -37,7 +37,7 @@ def _regs(k):
     return out
 
 
-def timing(cases, out_dir, warps=(4,), staged=True):
+def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -48,8 +48,8 @@ def timing(cases, out_dir, warps=(4,), staged=True):
         s = _shape(sname)
         c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
         first = None
-        for nw in warps:
-            k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw)
+        for nw, npg in [(nw, npg) for npg in nprogs for nw in warps]:
+            k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw, nprog=npg)
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
             k.set_inputs(c.hidden, c.residual, c.inputs)
             k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
@@ -62,7 +62,7 @@ def timing(cases, out_dir, warps=(4,), staged=True):
             fu = fused_time_us(k, caches)
             prof = fused_stage_profile(k, caches)
             k.guard.check()
-            r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "fused_us": fu,
+            r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog, "fused_us": fu,
                  "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
                  "stages_us": st, "fused_stamps_us": prof, "resources": _regs(k)}
             print(json.dumps(r), flush=True)
@@ -98,6 +98,8 @@ def main(argv=None):
     ap.add_argument("--fault", default=None)
     ap.add_argument("--cases", default="tp8:2:4096,tp8:2:65536,tp8:8:4096,tp1:2:4096")
     ap.add_argument("--warps", default="4", help="num_warps values to build each case with")
+    ap.add_argument("--nprog", default=None,
+                    help="grid sizes to build each case with (default: one program per SM), e.g. 132,264")
     ap.add_argument("--no-staged", action="store_true",
                     help="skip the staged per-stage times (each stage compiles its own binary)")
     a = ap.parse_args(argv)
@@ -105,7 +107,8 @@ def main(argv=None):
         fault(a.fault)
         return 0
     cases = [(x.split(":")[0], int(x.split(":")[1]), int(x.split(":")[2])) for x in a.cases.split(",")]
-    timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged)
+    nprogs = tuple(int(x) for x in a.nprog.split(",")) if a.nprog else (None,)
+    timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged, nprogs=nprogs)
     return 0
 
 
