@@ -317,9 +317,11 @@ class GlmLayerKernel:
         self.iq8 = z(W, p.IH, p.ID)
         self.iwt = z(W, p.IH)
         self.scores = z(W, self.max_seq_len)
-        # the top-k stages': per row 4 radix histograms of 256 bins, per 256-key chunk 2 counts
-        self.tkh = z(W, 4, 256, dtype=i32)
-        self.tkc = z(W, _cdiv(self.max_seq_len, 256), 2, dtype=i32)
+        # the top-k stages': per row 4 radix histograms of 256 bins, per TKC-key chunk 2 counts
+        from mono_glm53.kernels.stages import TKC, TKH_ROW
+
+        self.tkh = z(W, TKH_ROW.value, dtype=i32)
+        self.tkc = z(W, _cdiv(self.max_seq_len, TKC.value), 2, dtype=i32)
         self.part = z(W, p.NH, nch, p.KVL)
         self.ml = z(W, p.NH, nch, 2)
         self.attn = z(W, p.NH, p.KVL, dtype=bf16)

@@ -563,7 +563,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
     if INDEXER:
         # the top-k stages' histograms (4 passes x 256 bins a row) start from zero every step
         for m in range(pid, W, nprog):
-            tl.store(tkh_ptr + m * 1024 + tl.arange(0, 1024), tl.zeros([1024], tl.int32))
+            tl.store(tkh_ptr + m * TKH_ROW + tl.arange(0, TKH_ROW), tl.zeros([TKH_ROW], tl.int32))
         tok = tl.arange(0, TB)
         d = tl.arange(0, ID)
         hh = tl.arange(0, IHP)
@@ -601,14 +601,16 @@ def _okey(x):
 # Keys per chunk of the top-k stages: one 256-bin histogram of 256 keys a chunk (at 1024 keys a
 # histogram held too many of gfx950's SGPRs: one lane ballot per digit bit per key a thread holds)
 TKC = tl.constexpr(256)
+# A row's top-k histograms: one of 256 bins per 8-bit radix pass, four passes
+TKH_ROW = tl.constexpr(4 * 256)
 
 
 @triton.jit
 def _tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
-    """The threshold's top PASSES digits (8 bits each, from the top) and the keys still to place
-    below them, from the row's first PASSES histograms at hb (every program derives the same
-    values from the same complete histograms). Per pass the digit is the largest whose suffix
-    count (keys with that digit or more among the prefix's keys) still reaches the keys left."""
+    """The threshold's top PASSES digits (8 bits each, from the top), from the row's first
+    PASSES histograms at hb (every program derives the same value from the same complete
+    histograms). Per pass the digit is the largest whose suffix count (keys with that digit or
+    more among the prefix's keys) still reaches the keys left to place."""
     dig = tl.arange(0, 256)
     thr = tl.full([], 0, tl.int64)
     need = tl.full([], TOPK, tl.int32)
@@ -618,7 +620,14 @@ def _tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
         b = tl.max(tl.where(suffix >= need, dig, 0), 0)
         need -= tl.sum(tl.where(dig > b, hist, 0), 0)
         thr = thr | (b.to(tl.int64) << (24 - 8 * ps))
-    return thr, need
+    return thr
+
+
+@triton.jit
+def _tk_keys(scores_ptr, stride_sc, m, c0, n):
+    """Row m's order-preserving keys of chunk c0..c0+TKC and which of them are tokens (< n)."""
+    inb = c0 + tl.arange(0, TKC) < n
+    return inb, _okey(tl.load(scores_ptr + m * stride_sc + c0 + tl.arange(0, TKC), mask=inb, other=0.0))
 
 
 @triton.jit
@@ -628,17 +637,16 @@ def stage_tkhist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
     of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
     row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
     if INDEXER:
-        dig = tl.arange(0, TKC)
+        dig = tl.arange(0, 256)  # the histogram's bins
         shift: tl.constexpr = 24 - 8 * PASS
         for t in range(pid, W * nck, nprog):
             m = t // nck
             c0 = (t % nck) * TKC
             n = tl.load(seqlen_ptr + m)
             if (n > TOPK) & (c0 < n):
-                hb = tkh_ptr + m * (4 * 256)
-                thr, need = _tk_prefix(hb, TOPK, PASS)
-                inb = c0 + dig < n
-                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                hb = tkh_ptr + m * TKH_ROW
+                thr = _tk_prefix(hb, TOPK, PASS)
+                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
                 match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
                 d = ((key >> shift) & 255).to(tl.int32)
                 # no histogram mask on every Triton: count the others as digit 0 and take them
@@ -654,15 +662,13 @@ def stage_tkcount(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_pt
     """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
     and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
     if INDEXER:
-        dig = tl.arange(0, TKC)
         for t in range(pid, W * nck, nprog):
             m = t // nck
             c0 = (t % nck) * TKC
             n = tl.load(seqlen_ptr + m)
             if (n > TOPK) & (c0 < n):
-                thr, need = _tk_prefix(tkh_ptr + m * (4 * 256), TOPK, 4)
-                inb = c0 + dig < n
-                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                thr = _tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
                 tl.store(tkc_ptr + t * 2, tl.sum(((key > thr) & inb).to(tl.int32), 0))
                 tl.store(tkc_ptr + t * 2 + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
 
@@ -685,7 +691,7 @@ def stage_tkwrite(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_pt
                 tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
                          mask=c0 + dig < TOPK)
             elif c0 < n:
-                thr, need = _tk_prefix(tkh_ptr + m * (4 * 256), TOPK, 4)
+                thr = _tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
                 ncr = (n + TKC - 1) // TKC
                 gtb = tl.full([], 0, tl.int32)
                 eqb = tl.full([], 0, tl.int32)
@@ -698,8 +704,7 @@ def stage_tkwrite(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_pt
                     gtb += tl.sum(tl.where(cc < c, g, 0), 0)
                     eqb += tl.sum(tl.where(cc < c, e, 0), 0)
                     gtt += tl.sum(g, 0)
-                inb = c0 + dig < n
-                key = _okey(tl.load(scores_ptr + m * stride_sc + c0 + dig, mask=inb, other=0.0))
+                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
                 # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
                 # the row (the rows after it, or past the buffer)
                 si = ((key > thr) & inb).to(tl.int32)
