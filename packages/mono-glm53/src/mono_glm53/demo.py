@@ -49,7 +49,8 @@ def main(argv=None) -> int:
         c = build_case(s, a.rows, a.ctx, not a.no_indexer, dev)
         k = GlmLayerKernel(s, c.w, a.width, a.ctx, indexer=not a.no_indexer, device=dev)
         k.set_inputs(c.hidden, c.residual, c.inputs)
-        caches = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+        caches = ref.LayerCaches(kv=c.caches.kv.clone(),
+                                 index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
         t = fused_time_us(k, caches)
         nbytes = weight_bytes(c.w, s, min(s.n_experts, a.rows * s.top_k))
         nbytes += a.rows * min(a.ctx, s.index_topk) * s.kv_cache_dim * 2

@@ -60,7 +60,8 @@ WIDTHS_BY_TP = {
     "gfx950": {4: WIDTHS, 8: WIDTHS},
     "sm_90": {8: WIDTHS},
 }
-#: The persistent grid: one program a CU (MI355X, 256 CUs) or SM (H200, 132 SMs).
+#: The CUs (MI355X) or SMs (H200) the persistent grid needs: SGLang refuses a partitioned GPU
+#: with fewer. The grid is `kernels.layer.PROGRAMS_PER_SM` programs on each (1 a CU, 2 an SM).
 RESIDENT_BLOCKS = {"gfx950": 256, "sm_90": 132}
 
 DEVICES = {

@@ -14,7 +14,7 @@ import torch
 
 from mono_glm53 import reference as ref
 from mono_glm53.config import GlmLayerShape
-from mono_glm53.kernels.layer import GlmLayerKernel, launch_side_by_side
+from mono_glm53.kernels.layer import GlmLayerKernel, default_nprog, launch_side_by_side
 from mono_glm53.weights import make_caches, make_weights
 
 __all__ = ["Case", "build_case", "compare", "run_case", "fenced_case"]
@@ -86,9 +86,12 @@ def compare(c: Case, r_out, r_caches, k_out, k_caches, k: GlmLayerKernel | None 
     # where a near-tie of two biased router scores flipped one expert (the router input h2
     # differs by bf16 flips) is instead covered by the checks conditioned on the kernel's own
     # h2 (see `conditioned`); their count is reported as glm53_layer.routing.flipped_rows.
+    # Where those checks cannot run (no kernel object, or R > 1 ranks), every row is compared.
+    by_h2 = k is not None and k.world == 1
     same = _rows_same_routing(c, r_out, k) if k is not None else list(range(n))
-    rows_ok = same if same else list(range(n))
-    m["glm53_layer.hidden.cosine_min"] = min(_cos(out[i], r_out.hidden[i]) for i in rows_ok)
+    rows_ok = same if (same or by_h2) else list(range(n))
+    if rows_ok:
+        m["glm53_layer.hidden.cosine_min"] = min(_cos(out[i], r_out.hidden[i]) for i in rows_ok)
     m["glm53_layer.routing.flipped_rows"] = float(n - len(same))
     m["glm53_layer.residual.cosine_min"] = _cos(res[:n], r_out.residual)
     loc = c.inputs.out_cache_loc
@@ -299,7 +302,7 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
                 full_weights=None, device="cuda", seed: int = 0, delay: int = 0,
                 expect_stop: bool = False, deadline_s: float = 2.0) -> dict[str, float]:
     """`world` TP ranks of one layer side by side on ONE GPU: each rank's kernel (its weight
-    shard, its copy of the caches, nprog = SMs // world programs) runs in one launch
+    shard, its copy of the caches, nprog = default_nprog // world programs) runs in one launch
     (`layer.launch_side_by_side`) and the ranks all-reduce inside the kernel through
     `peer.allocate_local` buffers.
     Compared with `reference.decoder_layer_tp`: every rank's metrics as in `compare`, the
@@ -322,11 +325,11 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     c = build_case(shapes[0], rows, ctx, True, device, seed, weights=ws[0])
     r_caches = [ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()) for _ in range(world)]
     r_out = ref.decoder_layer_tp(c.hidden, c.residual, c.inputs, r_caches, ws, shapes)
-    nsm = torch.cuda.get_device_properties(device).multi_processor_count
+    grid = default_nprog(device)
     peers = allocate_local(peer_requests(shapes[0], width, world), world, device)
     guard = Guard(world, device=device, deadline_s=deadline_s, mode="report",
                   stage_names=dict(enumerate(STAGE_NAMES)))
-    ks = [GlmLayerKernel(shapes[r], ws[r], width, max_seq_len=ctx, indexer=True, nprog=nsm // world,
+    ks = [GlmLayerKernel(shapes[r], ws[r], width, max_seq_len=ctx, indexer=True, nprog=grid // world,
                          device=device, world=world, peers=peers[r], guard=guard, cooperative=False)
           for r in range(world)]
     k_caches = [ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()) for _ in range(world)]

@@ -19,7 +19,7 @@ per layer, since each layer's weights and caches differ); the host checks each t
 and 16-byte alignment against its slot. Launches compile with no AMD buffer ops and maxnreg
 255 on CUDA (`launch_options`): see tests/compile for the resources this gives.
 
-Grid: `nprog` programs, by default the number of SMs (one resident program per SM); the fused
+Grid: `nprog` programs, by default `PROGRAMS_PER_SM` per SM or CU (`default_nprog`); the fused
 launch is cooperative where Triton supports it, so an oversized grid fails at launch instead of
 deadlocking. Staged mode launches the same kernel once per stage with the same grid.
 """
@@ -38,7 +38,7 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -182,7 +182,7 @@ def fault_stage(rank: int, env: str | None = None) -> int:
     """The stage hand-off this rank's program 0 skips (an injected wait fault), or -1.
 
     MONO_GLM53_FAULT="stage<S>" (every rank) or "rank<R>:stage<S>" (rank R only), S in
-    1..19 (the hand-off into stage S, see stages.STAGE_NAMES); unset or empty: no fault."""
+    1..20 (the hand-off into stage S, see stages.STAGE_NAMES); unset or empty: no fault."""
     from mono_glm53.kernels.stages import NSTAGES, STAGE_NAMES
 
     v = (os.environ.get(FAULT_ENV, "") if env is None else env).strip().lower()
@@ -228,9 +228,20 @@ def _index_weight_scales(s: GlmLayerShape) -> tuple[float, float]:
     return s.index_heads ** -0.5, s.index_softmax_scale
 
 
-def _default_nprog(device: torch.device) -> int:
+# Programs of the persistent grid per SM (CUDA) or CU (ROCm). Two 4-warp programs fit on an
+# H200 SM by registers (maxnreg 255) and shared memory, and keep twice the weight loads in
+# flight: TP8 shard, ctx 4096, fused launch 346.6 -> 296.7 us at width 2 and 606.6 -> 449.2 us
+# at width 8 (H200, one run side by side). MI355X keeps one a CU: not measured there.
+PROGRAMS_PER_SM = {"cuda": 2, "hip": 1}
+
+
+def default_nprog(device) -> int:
+    """The grid of a launch on `device`: PROGRAMS_PER_SM times its SMs/CUs (on the CPU, for
+    the interpreter, MONO_GLM53_INTERP_PROGRAMS or 3)."""
+    device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        per = PROGRAMS_PER_SM["hip" if torch.version.hip else "cuda"]
+        return per * torch.cuda.get_device_properties(device).multi_processor_count
     return int(os.environ.get("MONO_GLM53_INTERP_PROGRAMS", "3"))
 
 
@@ -261,7 +272,7 @@ class GlmLayerKernel:
         self.indexer = indexer
         dev = torch.device(device) if device is not None else weights["input_layernorm.weight"].device
         self.device = dev
-        self.nprog = nprog or _default_nprog(dev)
+        self.nprog = nprog or default_nprog(dev)
         if world > 1:
             missing = [n for n, _, _ in peer_requests(s, width, world) if peers is None or n not in peers.table]
             if missing or guard is None:
@@ -303,7 +314,6 @@ class GlmLayerKernel:
         nqb = p.NH * s.qk_head
         niq = s.index_heads * s.index_head_dim
         nch = p.TOPK // p.CT
-        ng = _cdiv(p.NH, p.HG)
         self.resid1 = z(W, s.hidden, dtype=bf16)
         self.hn = z(W, s.hidden, dtype=bf16)
         self.qkva = z(p.KS1, W, nqkv)
@@ -350,7 +360,6 @@ class GlmLayerKernel:
         # and staged launches bump both alike, so they can be mixed step by step
         self.cnt = z(32, dtype=i32)
         self.epoch = z(self.nprog, dtype=i32)
-        self.mcnt = z(W * ng, dtype=i32)
         # per-program clock stamps of the fused launch's hand-offs, written only while
         # `self.stamp` is set (kernels.stamps reads them; profiling, not the product path)
         from mono_glm53.kernels.stages import STAMP_W
@@ -386,7 +395,6 @@ class GlmLayerKernel:
             raise RuntimeError("reset_sync is for one-rank kernels: peer flags would stay ahead")
         self.cnt.zero_()
         self.epoch.zero_()
-        self.mcnt.zero_()
 
     # ------------------------------------------------------------------ inputs
     def set_inputs(self, hidden: torch.Tensor, residual: torch.Tensor, inputs) -> None:
@@ -444,7 +452,7 @@ class GlmLayerKernel:
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
             self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.part, self.ml,
-            self.mcnt, self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
+            self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,
             self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,
         ]
@@ -587,9 +595,10 @@ def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device,
 
 
 # ptxas otherwise caps the fused kernel at 168 registers (a 3-CTA/SM target) and spills at
-# width 8; one program per SM is all the persistent grid runs, so let it take what it needs.
+# width 8; the persistent grid runs two 4-warp programs per SM, which 255 registers a thread
+# still allows (2 x 128 x 256 = the SM's 64K registers).
 MAXNREG_SM = 255
-# Warps of every layer-kernel launch (one program per SM).
+# Warps of every layer-kernel launch.
 NUM_WARPS = 4
 
 

@@ -73,7 +73,6 @@ SLOTS = (
     ("tkc", "i32"),
     ("part", "fp32"),
     ("ml", "fp32"),
-    ("mcnt", "i32"),
     ("attn", "bf16"),
     ("ov", "bf16"),
     ("op", "fp32"),

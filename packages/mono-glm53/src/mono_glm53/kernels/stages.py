@@ -21,18 +21,19 @@ Stage list (index: what it does; who reads its output):
                prefix, every 256-key chunk of every row a tile (atomic integer sums)
   10 TKCOUNT   per chunk: keys above the threshold and keys equal to it
   11 TKWRITE   per chunk: its keys' slots after the earlier chunks' counts -> topk
-  12 MLA       sparse MLA over the selected tokens, split over token chunks; the last chunk
-               program of a (row, head group) combines the chunks (deterministic order)
-  13 WUV       attn @ W_UV per (head, v block)
-  14 OPROJ     FP8 GEMV o_proj (split-K)
-  15 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
+  12 MLA       sparse MLA over the selected tokens, split over token chunks: each chunk's
+               unnormalised output and (max, sum) per (row, head)
+  13 MLACOMB   the chunks combined in chunk order, per (row, head, 64-column block) -> attn
+  14 WUV       attn @ W_UV per (head, v block)
+  15 OPROJ     FP8 GEMV o_proj (split-K)
+  16 POSTNORM  all-reduce point 1 (R > 1 ranks: one-shot push + rank-order sum, then a hand-off
                inside the stage) + residual add + post RMSNorm -> h2
-  16 ROUTER    bf16 GEMV router logits (fp32, split-K); h2 quantised for gate_up once
+  17 ROUTER    bf16 GEMV router logits (fp32, split-K); h2 quantised for gate_up once
                (h2q, h2s), not by every gate_up tile
-  17 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
+  18 GATEUP    every program: sigmoid + bias routing, top-8, renorm, x2.5, unique expert list;
                FP8 GEMV gate_up for shared + unique routed experts (split-K)
-  18 SILU      sum split-K partials, SiLU(g) * u (bf16) quantised for down -> inter, inters
-  19 DOWN      FP8 GEMV down (two slots a step at K <= 2 blocks), weighted sum over the experts in fixed order;
+  19 SILU      sum split-K partials, SiLU(g) * u (bf16) quantised for down -> inter, inters
+  20 DOWN      FP8 GEMV down (two slots a step at K <= 2 blocks), weighted sum over the experts in fixed order;
                all-reduce point 2
                (R > 1: each program pushes the tiles it computed, then sums its blocks)
 
@@ -57,9 +58,9 @@ step (release; the staged launch bumps it too) and the fused launch waits on for
 epoch * nprog (acquire, guarded wait with deadline and abort flag); the epoch is a per-program
 slot bumped by the kernel itself. Cross-rank hand-offs (R > 1) are the flags of
 mono_common.device.allreduce, one set per all-reduce point, waited on with the same guard.
-Within the MLA stage the combine of the token chunks is done by the program that finishes a
-(row, head group)'s last chunk (an acq_rel counter, no wait). All split-K partials are summed
-by their consumer in fixed order, so fused and staged results are bit-identical.
+All split-K partials (the MLA token chunks too) are summed by their consumer in fixed order,
+with no reduction tree (whose order is the compiled layout's, which the fused and a one-stage
+binary may choose differently), so fused and staged results are bit-identical.
 """
 
 import os
@@ -73,10 +74,10 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_glm53.kernels import ptable as P
 
-NSTAGES = 20
+NSTAGES = 21
 STAGE_NAMES = (
     "addnorm", "qkva", "latent", "qb", "absorb", "iscore", "tkhist0", "tkhist1", "tkhist2",
-    "tkhist3", "tkcount", "tkwrite", "mla", "wuv", "oproj", "postnorm", "router", "gateup",
+    "tkhist3", "tkcount", "tkwrite", "mla", "mlacomb", "wuv", "oproj", "postnorm", "router", "gateup",
     "silu", "down",
 )
 
@@ -85,6 +86,9 @@ STAGE_NAMES = (
 # program reached hand-off s (its stage s-1 done), 2 s + 1 when it passed it (stage s starts);
 # entry 1 is the program's start, entry 2 NSTAGES its end. Written only when the STAMP scalar is set.
 STAMP_W = tl.constexpr(2 * NSTAGES + 2)
+# The counter of the hand-off inside POSTNORM (all-reduce point 1, R > 1): past the stage
+# hand-offs' counters 0..NSTAGES-2.
+STAGE_AR1 = tl.constexpr(NSTAGES - 1)
 # The Triton 3.8 interpreter computes bf16 x bf16 tl.dot wrongly (garbage), so under
 # TRITON_INTERPRET=1 the dots run on the fp32 upcasts with IEEE precision: the same value
 # (bf16 products are exact in fp32, fp32 accumulation); compiled code uses bf16 tensor cores.
@@ -717,7 +721,7 @@ def stage_tkwrite(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_pt
 
 @triton.jit
 def stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
-              part_ptr, ml_ptr, mcnt_ptr, attn_ptr, epoch, sm_scale,
+              part_ptr, ml_ptr, sm_scale,
               W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
               TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr):
     NCH: tl.constexpr = TOPK // CT
@@ -761,32 +765,35 @@ def stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, st
         mb = ml_ptr + ((m * NH + heads) * NCH + c) * 2
         tl.store(mb, mx, mask=hm)
         tl.store(mb + 1, l, mask=hm)
-        # split-K fix-up: whoever finishes the last chunk of (m, g) combines all chunks in
-        # chunk order, so the result does not depend on which program arrives last
-        tl.debug_barrier()
-        old = tl.atomic_add(mcnt_ptr + m * NG + g, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()
-        if old == epoch * NCH - 1:
-            M = tl.full([HG], -1e30, tl.float32)
-            for cc in range(NCH):
-                M = tl.maximum(M, tl.load(ml_ptr + ((m * NH + heads) * NCH + cc) * 2, mask=hm, other=-1e30))
-            L = tl.zeros([HG], tl.float32)
-            for cc in range(NCH):
-                mc = tl.load(ml_ptr + ((m * NH + heads) * NCH + cc) * 2, mask=hm, other=-1e30)
-                lc = tl.load(ml_ptr + ((m * NH + heads) * NCH + cc) * 2 + 1, mask=hm, other=0.0)
-                L += tl.exp(mc - M) * lc
-            for d0 in range(0, KVL, DC):
-                acc = tl.zeros([HG, DC], tl.float32)
-                for cc in range(NCH):
-                    mc = tl.load(ml_ptr + ((m * NH + heads) * NCH + cc) * 2, mask=hm, other=-1e30)
-                    oc = tl.load(part_ptr + ((m * NH + heads[:, None]) * NCH + cc) * KVL + d0 + dc[None, :],
-                                 mask=hm[:, None], other=0.0)
-                    acc += tl.exp(mc - M)[:, None] * oc
-                out = acc / tl.maximum(L, 1e-30)[:, None]
-                tl.store(attn_ptr + (m * NH + heads[:, None]) * KVL + d0 + dc[None, :], _bf16(out),
-                         mask=hm[:, None])
 
 
+@triton.jit
+def stage_mlacomb(pid, nprog, part_ptr, ml_ptr, attn_ptr,
+                  W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, TOPK: tl.constexpr,
+                  CT: tl.constexpr):
+    """attn[m, h, d-block] = sum_c exp(max_c - M) * part_c / sum_c exp(max_c - M) * l_c over the
+    MLA stage's token chunks c, in chunk order (a tile per row, head and DC-column block: the
+    combine of one (row, head group) by one program took ~70 us of the TP8 shard's launch).
+    The chunk loops are unrolled so that every chunk's loads are in flight together; the sums
+    still run in chunk order."""
+    NCH: tl.constexpr = TOPK // CT
+    DC: tl.constexpr = 64 if KVL >= 64 else KVL
+    ND: tl.constexpr = KVL // DC
+    dc = tl.arange(0, DC)
+    for t in range(pid, W * NH * ND, nprog):
+        d0 = (t % ND) * DC
+        mh = t // ND  # m * NH + h
+        mlb = ml_ptr + mh * NCH * 2
+        M = tl.load(mlb)
+        for cc in tl.static_range(1, NCH):
+            M = tl.maximum(M, tl.load(mlb + cc * 2))
+        L = tl.zeros([DC], tl.float32)
+        acc = tl.zeros([DC], tl.float32)
+        for cc in tl.static_range(NCH):
+            e = tl.exp(tl.load(mlb + cc * 2) - M)
+            L += e * tl.load(mlb + cc * 2 + 1)
+            acc += e * tl.load(part_ptr + (mh * NCH + cc) * KVL + d0 + dc)
+        tl.store(attn_ptr + mh * KVL + d0 + dc, _bf16(acc / tl.maximum(L, 1e-30)))
 @triton.jit
 def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
               W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr,
@@ -857,11 +864,11 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
         ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
         allreduce_push(ap_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, ARB, ARM, R, RP2, True)
         ok = allreduce_sum(ar1_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
-                           pid, nprog, 15, deadline, H, ARB, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+                           pid, nprog, 16, deadline, H, ARB, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
         if ok:
-            # counter 20: past the stage hand-offs' (0..NSTAGES-2)
-            signal(cnt_ptr + 20, 1, False)
-            ok = wait_ge(cnt_ptr + 20, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 15,
+            # counter NSTAGES - 1: past the stage hand-offs' (0..NSTAGES-2)
+            signal(cnt_ptr + STAGE_AR1, 1, False)
+            ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
     if ok:
         for m in range(pid, W, nprog):
@@ -1074,7 +1081,7 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
         ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
         allreduce_push(dp_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, BND, ARM, R, RP2, True)
         ok = allreduce_sum(out_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
-                           pid, nprog, 19, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
+                           pid, nprog, 20, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
     return ok
 
 
@@ -1163,7 +1170,7 @@ def layer_kernel(
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
 ):
-    """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=19, FUSED, stages linked by
+    """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1269,25 +1276,31 @@ def layer_kernel(
                 sel_ptr = _p(row, P.PREV_TOPK, i32)
             stage_mla(pid, nprog, _p(row, P.QABS, f32), _p(row, P.KV_CACHE, bf16), sel_ptr,
                       _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT), _p(row, P.PART, f32),
-                      _p(row, P.ML, f32), _p(row, P.MCNT, i32), _p(row, P.ATTN, bf16), epoch, _sf(row, P.SM_SCALE),
-                      W, NH, KVL, RD, TOPK, CT, HG)
+                      _p(row, P.ML, f32), _sf(row, P.SM_SCALE), W, NH, KVL, RD, TOPK, CT, HG)
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
                        CLOCK, FAULT)
         if ok:
-            stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
-                      _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
+            stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
+                          W, NH, KVL, TOPK, CT)
     if FIRST <= 14 and LAST >= 14:
         if ok:
             ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
                        CLOCK, FAULT)
         if ok:
-            stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
-                        _p(row, P.OP, f32), W, BM, H, NH * VD, BN, BLK, KS9)
+            stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
+                      _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
+                       CLOCK, FAULT)
+        if ok:
+            stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
+                        _p(row, P.OP, f32), W, BM, H, NH * VD, BN, BLK, KS9)
+    if FIRST <= 16 and LAST >= 16:
+        if ok:
+            ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
                        CLOCK, FAULT)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
@@ -1296,16 +1309,16 @@ def layer_kernel(
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
                                 W, BM, H, HB, KS9, R, RP2, ARB, CLOCK, FAULT)
-    if FIRST <= 16 and LAST >= 16:
+    if FIRST <= 17 and LAST >= 17:
         if ok:
-            ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
+            ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
                        CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                          _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR)
-    if FIRST <= 17 and LAST >= 17:
+    if FIRST <= 18 and LAST >= 18:
         if ok:
-            ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
+            ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
                        CLOCK, FAULT)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
@@ -1313,16 +1326,16 @@ def layer_kernel(
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32),
                          W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT)
-    if FIRST <= 18 and LAST >= 18:
+    if FIRST <= 19 and LAST >= 19:
         if ok:
-            ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
+            ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
                        CLOCK, FAULT)
         if ok:
             stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
                        _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK)
-    if FIRST <= 19 and LAST >= 19:
+    if FIRST <= 20 and LAST >= 20:
         if ok:
-            ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
+            ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
                        CLOCK, FAULT)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
