@@ -1,6 +1,6 @@
 """H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
 captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time
-(for each --warps and --nprog value, with the outputs' max difference from the first one's), the fused
+(for each --warps, --nprog, --stages and --ks-rule value, with the outputs' max difference from the first one's), the fused
 launch's own per-stage span/busy/hand-off times from its clock stamps (kernels.stamps),
 and (with --fault) a staged run that synchronises after every stage to find a faulting one.
 
@@ -37,7 +37,8 @@ def _regs(k):
     return out
 
 
-def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,)):
+def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None,), warm_only=False,
+           ks_rules=("first",)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -48,12 +49,18 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,)):
         s = _shape(sname)
         c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
         first = None
-        for nw, npg in [(nw, npg) for npg in nprogs for nw in warps]:
-            k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw, nprog=npg)
+        for nw, npg, nst, ksr in [(nw, npg, nst, ksr) for ksr in ks_rules for nst in stages for npg in nprogs
+                                  for nw in warps]:
+            k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw, nprog=npg,
+                               num_stages=nst, ks_rule=ksr)
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
             k.set_inputs(c.hidden, c.residual, c.inputs)
             k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
             torch.cuda.synchronize()
+            if warm_only:  # compiled and launched once: the cache holds it for a timing process
+                print(f"warm {sname} w{width} ctx{ctx} warps{nw} nprog{k.nprog} stages{nst} ks {ksr}", flush=True)
+                del k
+                continue
             outs = [k.out.float().clone(), k.res_out.float().clone()]
             if first is None:
                 first = outs
@@ -62,7 +69,9 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,)):
             fu = fused_time_us(k, caches)
             prof = fused_stage_profile(k, caches)
             k.guard.check()
-            r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog, "fused_us": fu,
+            r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog,
+                 "num_stages": nst, "ks_rule": ksr, "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
+                 "fused_us": fu,
                  "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
                  "stages_us": st, "fused_stamps_us": prof, "resources": _regs(k)}
             print(json.dumps(r), flush=True)
@@ -100,6 +109,12 @@ def main(argv=None):
     ap.add_argument("--warps", default="4", help="num_warps values to build each case with")
     ap.add_argument("--nprog", default=None,
                     help="grid sizes to build each case with (default: one program per SM), e.g. 132,264")
+    ap.add_argument("--stages", default=None,
+                    help="num_stages values (software pipelining depth) to build each case with, e.g. 3,5")
+    ap.add_argument("--ks-rule", default="first", help="split-K rules to build each case with, e.g. first,balanced")
+    ap.add_argument("--warm-only", action="store_true",
+                    help="compile and launch each fused variant once, no timing (run several such "
+                         "processes in parallel to fill the Triton cache, then time in one)")
     ap.add_argument("--no-staged", action="store_true",
                     help="skip the staged per-stage times (each stage compiles its own binary)")
     a = ap.parse_args(argv)
@@ -108,7 +123,9 @@ def main(argv=None):
         return 0
     cases = [(x.split(":")[0], int(x.split(":")[1]), int(x.split(":")[2])) for x in a.cases.split(",")]
     nprogs = tuple(int(x) for x in a.nprog.split(",")) if a.nprog else (None,)
-    timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged, nprogs=nprogs)
+    stages = tuple(int(x) for x in a.stages.split(",")) if a.stages else (None,)
+    timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged, nprogs=nprogs,
+           stages=stages, warm_only=a.warm_only, ks_rules=tuple(a.ks_rule.split(",")))
     return 0
 
 

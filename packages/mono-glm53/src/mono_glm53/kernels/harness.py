@@ -242,13 +242,15 @@ def _merge(metrics: dict[str, float], new: dict[str, float]) -> None:
 
 def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
              modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
-             delay: int = 0, weights=None) -> dict[str, float]:
+             delay: int = 0, weights=None, ks_rule: str = "first") -> dict[str, float]:
     """Metrics of every mode in `modes` vs the reference (and fused vs staged when both run).
+    `ks_rule`: the kernel's split-K rule (`layer._pick_ks`).
     Mode "fused+delay" is the fused launch with random per-program stage delays; it is
     compared bit for bit with "fused" as glm53_layer.delay_vs_fused.max_abs."""
     c = build_case(s, rows, ctx, indexer, device, seed, weights=weights)
     r_out, r_caches = reference_out(c)
-    k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device)
+    k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device,
+                       ks_rule=ks_rule)
     metrics: dict[str, float] = {}
     outs = {}
     for mode in modes:

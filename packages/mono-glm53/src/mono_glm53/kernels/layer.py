@@ -98,37 +98,49 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16) -> int:
-    """Smallest split-K factor (a divisor of the K blocks) giving >= target tiles."""
+KS_RULES = ("first", "balanced")
+
+
+def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16, rule: str = "first") -> int:
+    """The split-K factor (a divisor of the K blocks, at most cap) of a GEMV of `ntiles`
+    column tiles on `target` programs. "first": the smallest giving >= target tiles.
+    "balanced": the one whose busiest program runs the fewest K blocks (ceil(tiles / target)
+    tiles of kblocks / ks blocks each), the fewest tiles among equals (fewer partials to sum)."""
+    if rule not in KS_RULES:
+        raise ValueError(f"split-K rule {rule!r} is not one of {KS_RULES}")
+    divisors = [ks for ks in range(1, min(kblocks, cap) + 1) if kblocks % ks == 0]
+    if rule == "balanced":
+        return min(divisors, key=lambda ks: (-(-ntiles * ks // max(1, target)) * (kblocks // ks), ks))
     best = 1
-    for ks in range(1, min(kblocks, cap) + 1):
-        if kblocks % ks:
-            continue
+    for ks in divisors:
         best = ks
         if ntiles * ks >= target:
             break
     return best
 
 
-def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
+def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: str = "first") -> Plan:
     """Tiling for shape `s` at `width` rows on `nprog` programs: every GEMV split so that its
-    tiles cover the grid (bandwidth needs every SM streaming weights)."""
+    tiles cover the grid (bandwidth needs every SM streaming weights); `ks_rule` picks the
+    split-K factors of the dense GEMVs (qkv_a, the indexer's wk, q_b and o_proj; `_pick_ks`)."""
     blk = s.block
     bn = min(64, blk)
     hb = s.hidden // blk
     nqkv = s.qkv_a_out
     nh = s.heads_per_rank
     i_l = s.moe_inter_per_rank
-    ks1 = _pick_ks(_cdiv(nqkv, bn), hb, nprog)
-    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, max(1, nprog // 8))
+    ks1 = _pick_ks(_cdiv(nqkv, bn), hb, nprog, rule=ks_rule)
+    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, max(1, nprog // 8), rule=ks_rule)
     nqb = nh * s.qk_head
     niq = s.index_heads * s.index_head_dim
-    ks3 = _pick_ks(_cdiv(nqb, bn) + _cdiv(niq, bn), s.q_lora // blk, nprog)
+    ks3 = _pick_ks(_cdiv(nqb, bn) + _cdiv(niq, bn), s.q_lora // blk, nprog, rule=ks_rule)
     ksq = ks3
-    ks9 = _pick_ks(_cdiv(s.hidden, bn), (nh * s.v_head) // blk, nprog)
+    ks9 = _pick_ks(_cdiv(s.hidden, bn), (nh * s.v_head) // blk, nprog, rule=ks_rule)
     bnr = max(16, min(32, s.n_experts))  # tl.dot needs N >= 16 (masked)
     ksr = _pick_ks(_cdiv(s.n_experts, bnr), hb, nprog // 2, cap=8)
     nslot = 1 + min(s.n_experts, width * s.top_k)
+    # gate_up's tiles grow with the step's distinct experts (up to 1 + width * top_k), which the
+    # plan does not know: it keeps the first rule
     ksg = _pick_ks(_cdiv(2 * i_l, bn) * (1 + s.top_k), hb, nprog)
     bnd = min(32, blk)
     ct = min(64, s.index_topk)
@@ -146,7 +158,8 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int) -> Plan:
     )
 
 
-def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world: int = 1) -> Plan:
+def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world: int = 1,
+                 ks_rule: str = "first") -> Plan:
     """`make_plan` for `world` ranks all-reducing in the kernel (world 1: one rank, or one
     shard run alone with identity all-reduces, as the single-GPU bench does)."""
     if world > 1 and s.tp_size != world:
@@ -157,7 +170,7 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
     rp2 = 2
     while rp2 < world:
         rp2 *= 2
-    return dataclasses.replace(make_plan(s, width, indexer, nprog), R=world, RP2=rp2, ARB=arb)
+    return dataclasses.replace(make_plan(s, width, indexer, nprog, ks_rule), R=world, RP2=rp2, ARB=arb)
 
 
 def peer_requests(s: GlmLayerShape, width: int, world: int) -> list[tuple[str, int, str]]:
@@ -253,7 +266,8 @@ class GlmLayerKernel:
     def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
-                 peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512):
+                 peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
+                 num_stages: int | None = None, ks_rule: str = "first"):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -263,7 +277,11 @@ class GlmLayerKernel:
         `alloc(shape, dtype, device)`: makes every buffer of this object, zeroed (default
         torch.zeros; the harness's redzone check passes one that fences each buffer).
         `capture_rows`: pointer-table rows pinned now for tables first built inside CUDA-graph
-        captures (a side-by-side launch of R ranks takes R; they are never reused)."""
+        captures (a side-by-side launch of R ranks takes R; they are never reused).
+        `num_stages`: the software-pipelining depth of the stages' loops (None: Triton's
+        launch default, 3 on sm_90, 2 on gfx950; a measurement knob, see bench/diag_stages.py).
+        `ks_rule`: how the split-K factors are picked (`_pick_ks`; "balanced" is not yet run
+        through the GPU suite, a measurement knob too)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -282,8 +300,9 @@ class GlmLayerKernel:
         self.rank = peers.rank if world > 1 else 0
         self.peers = peers
         self.cooperative = cooperative
-        self.plan = make_tp_plan(s, width, indexer, self.nprog, world)
+        self.plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
         self.num_warps = num_warps or NUM_WARPS
+        self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
         W = width
         f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
@@ -505,7 +524,7 @@ class GlmLayerKernel:
         with _codegen_scope():
             if mode == "fused":
                 kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
-                          num_warps=self.num_warps, **launch_options(self.device))
+                          num_warps=self.num_warps, **self._stages_opt, **launch_options(self.device))
                 if self.device.type == "cuda" and self.cooperative and GlmLayerKernel._coop is not False:
                     # cooperative: the driver refuses a grid that cannot be co-resident
                     try:
@@ -519,6 +538,7 @@ class GlmLayerKernel:
                 for st in (stages if stages is not None else range(NSTAGES)):
                     self.compiled[st] = layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
                                                            FAULT=self.guard.fault, num_warps=self.num_warps,
+                                                           **self._stages_opt,
                                                            **launch_options(self.device))
             else:
                 raise ValueError(mode)
@@ -547,7 +567,7 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
     ce = k0.plan.constexprs()
     with _codegen_scope():
         layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
-                                      FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps,
+                                      FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps, **k0._stages_opt,
                                       launch_cooperative_grid=True, **launch_options(k0.device))
 
 
