@@ -52,8 +52,9 @@ SIM_SIG = dict(part_ptr="*bf16", resid_ptr="*bf16", resid_out_ptr="*bf16", out_p
                stall_pid="i32", delays_ptr="*i64")
 
 
-def _check(res, max_spills=0):
-    print(cc.format_resources(res))
+def _check(res, record, max_spills=0):
+    # printed at the end of the run by the mono pytest plugin (a print from an xdist worker is lost)
+    record("resources", cc.format_resources(res))
     assert res.spills <= max_spills, f"{res.target} {res.name} spills {res.spills} (budget {max_spills})"
     assert res.max_resident() >= 1
     return res
@@ -62,22 +63,24 @@ def _check(res, max_spills=0):
 @pytest.mark.parametrize("target", cc.TARGETS)
 @pytest.mark.parametrize("vec", [0, 1])
 @pytest.mark.parametrize("fault,sys_scope,nrank", [(0, 0, 1), (1, 1, 8)])
-def test_probe_compiles(target, vec, fault, sys_scope, nrank):
+def test_probe_compiles(target, vec, fault, sys_scope, nrank, record_property):
     _check(cc.compile_kernel(probe_kernel, PROBE_SIG,
-                             dict(NRANK=nrank, CLOCK=CLOCK[target], FAULT=fault, SYS=sys_scope, VEC=vec), target))
+                             dict(NRANK=nrank, CLOCK=CLOCK[target], FAULT=fault, SYS=sys_scope, VEC=vec), target),
+           record_property)
 
 
 @pytest.mark.parametrize("target", cc.TARGETS)
 @pytest.mark.parametrize("fault,delay,check", [(0, 0, 0), (1, 1, 1)])
-def test_chain_compiles(target, fault, delay, check):
+def test_chain_compiles(target, fault, delay, check, record_property):
     _check(cc.compile_kernel(chain_kernel, CHAIN_SIG,
-                             dict(G=132, CLOCK=CLOCK[target], FAULT=fault, DELAY=delay, CHECK=check), target))
+                             dict(G=132, CLOCK=CLOCK[target], FAULT=fault, DELAY=delay, CHECK=check), target),
+           record_property)
 
 
 @pytest.mark.parametrize("target", cc.TARGETS)
 @pytest.mark.parametrize("R", [2, 4, 8])
 @pytest.mark.parametrize("phases", [7, 1, 2, 4])
-def test_allreduce_compiles(target, R, phases):
+def test_allreduce_compiles(target, R, phases, record_property):
     budget = 0
     if (target, R, phases) == ("sm_90", 4, 1):
         # ptxas (Triton 3.8's) gives the push-only staged variant a 16-byte stack frame at
@@ -87,7 +90,8 @@ def test_allreduce_compiles(target, R, phases):
         budget = 16
     c = dict(P=16, W=6144, BLOCK_N=128, BLOCK_M=8, R=R, RP2=R, CLOCK=CLOCK[target], FAULT=1, SYS=1,
              PHASES=phases, DELAY=1, STAGE=0)
-    _check(cc.compile_kernel(sim_allreduce_kernel, SIM_SIG, c, target, num_warps=8), max_spills=budget)
+    _check(cc.compile_kernel(sim_allreduce_kernel, SIM_SIG, c, target, num_warps=8), record_property,
+           max_spills=budget)
 
 
 def _loop_lines_amdgcn(asm):

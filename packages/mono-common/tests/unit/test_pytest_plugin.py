@@ -60,3 +60,32 @@ def test_e2e_runs_only_with_run_e2e(tester):
 def test_markers_are_registered(tester):
     tester.makepyfile(test_m="import pytest\n@pytest.mark.interp\n@pytest.mark.compile\ndef test_x():\n    assert True\n")
     _run(tester).assert_outcomes(passed=1)
+
+
+RESOURCE_TEST = (
+    "import pytest\n"
+    "@pytest.mark.parametrize('isa', ['sm_90', 'gfx950'])\n"
+    "def test_build(isa, record_property):\n"
+    "    record_property('resources', isa + ' regs=42 spills=0')\n"
+)
+
+
+def test_recorded_resources_are_printed_at_the_end(tester):
+    tester.makepyfile(test_r=RESOURCE_TEST)
+    result = _run(tester)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*kernel resources*", "*test_build?gfx950?: gfx950 regs=42 spills=0",
+                                 "*test_build?sm_90?: sm_90 regs=42 spills=0"])
+
+
+def test_recorded_resources_reach_the_terminal_from_xdist_workers(tester):
+    pytest.importorskip("xdist")
+    tester.makepyfile(test_r=RESOURCE_TEST)
+    result = _run(tester, "-n", "2")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*kernel resources*", "*sm_90 regs=42 spills=0"])
+
+
+def test_no_section_without_recorded_resources(tester):
+    tester.makepyfile(test_k=KERNEL_TEST)
+    assert "kernel resources" not in _run(tester).stdout.str()

@@ -9,7 +9,10 @@ settings do). It adds:
   `tests/compile/` gets `compile`;
 - `gpu` tests skip cleanly when no CUDA/HIP device is visible, and fail under
   `--require-gpu` (GPU CI must never pass by skipping);
-- `e2e` tests run only with `--run-e2e` (they need a served model).
+- `e2e` tests run only with `--run-e2e` (they need a served model);
+- a "kernel resources" section at the end of the run with every line a test recorded as
+  `record_property("resources", text)` (tests/compile: a `print` from an xdist worker never
+  reaches the terminal, a recorded property does, and it lands in the junit XML too).
 """
 
 from __future__ import annotations
@@ -54,6 +57,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in _MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    config.pluginmanager.register(_ResourceLog(), "mono-kernel-resources")
+
+
+class _ResourceLog:
+    """Collects the `resources` properties of the run's test reports and prints them last."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # under xdist this runs on the controller too: worker reports carry user_properties
+        if report.when == "call":
+            self.lines.extend(f"{report.nodeid}: {v}" for k, v in report.user_properties if k == "resources")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.lines:
+            terminalreporter.section("kernel resources")
+            for line in sorted(self.lines):
+                terminalreporter.write_line(line)
 
 
 @functools.lru_cache(maxsize=1)
