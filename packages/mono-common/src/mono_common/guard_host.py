@@ -84,6 +84,12 @@ class Guard:
 
     Kernel arguments: `abort` (int32 [nranks, 2]), `abort_tab` (int64 [nranks] addresses),
     `errors` (int64 [nranks, NSLOTS]), `deadline` (ticks), and the constexprs `clock`, `fault`.
+
+    `abort=(flag, table)`: the guard of ONE rank of a world whose ranks are separate processes:
+    `flag` is this rank's int32 [2] abort flag in a peer region every rank's programs reach and
+    `table` the int64 [nranks] device table of every rank's flag (mono_common.peer.abort_args),
+    so one rank's expired wait raises the flag of every rank. `abort` is then [1, 2] (this
+    rank's), `errors` [1, NSLOTS] (its own word), and `args(rank)` gives them for its rank.
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class Guard:
         deadline_s: float = 2.0,
         clock: int | None = None,
         stage_names: Mapping[int, str] | None = None,
+        abort=None,
     ):
         import torch
 
@@ -109,18 +116,25 @@ class Guard:
         self.deadline_s = deadline_s
         self.deadline = deadline_ticks(deadline_s, clock)
         self.stage_names = dict(stage_names or {})
-        self.abort = torch.zeros(nranks, 2, dtype=torch.int32, device=self.device)
-        self.abort_tab = torch.tensor(
-            [self.abort[r].data_ptr() for r in range(nranks)], dtype=torch.int64, device=self.device
-        )
-        if on_gpu:
-            self.errors = torch.zeros(nranks, errors.NSLOTS, dtype=torch.int64, pin_memory=True)
+        self.peer_abort = abort is not None
+        if self.peer_abort:
+            flag, self.abort_tab = abort
+            self.abort = flag.view(torch.int32)[:2].view(1, 2)
         else:
-            self.errors = torch.zeros(nranks, errors.NSLOTS, dtype=torch.int64)
+            self.abort = torch.zeros(nranks, 2, dtype=torch.int32, device=self.device)
+            self.abort_tab = torch.tensor(
+                [self.abort[r].data_ptr() for r in range(nranks)], dtype=torch.int64, device=self.device
+            )
+        rows = 1 if self.peer_abort else nranks
+        if on_gpu:
+            self.errors = torch.zeros(rows, errors.NSLOTS, dtype=torch.int64, pin_memory=True)
+        else:
+            self.errors = torch.zeros(rows, errors.NSLOTS, dtype=torch.int64)
 
     def args(self, rank: int = 0):
         """(abort, abort_tab, errors) views for one rank of a plain launch."""
-        return self.abort[rank], self.abort_tab, self.errors[rank]
+        row = 0 if self.peer_abort else rank
+        return self.abort[row], self.abort_tab, self.errors[row]
 
     def words(self):
         return [list(map(int, w)) for w in self.errors.tolist()]
