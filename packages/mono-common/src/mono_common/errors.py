@@ -23,6 +23,7 @@ EXPECTED = 6
 LANE = 7
 WAITED = 8
 ORIGIN = 9
+STAMP = 10  # the device clock when the program gave up (tells ranks' stops apart in time)
 NSLOTS = 16  # room to grow without changing buffer sizes
 
 # STATE values.
@@ -69,6 +70,9 @@ class ErrorWord:
     waited: int  # ticks of the device clock the wait ran (poll count for the iteration clock)
     origin: int  # rank that raised the abort flag (== rank for a timeout)
     complete: bool = True
+    # ticks of the device clock when the program gave up (the poll count for the iteration
+    # clock): one rank's stamp minus another's is how long after it that rank stopped
+    stamp: int = 0
 
     @property
     def code_name(self) -> str:
@@ -125,6 +129,7 @@ def decode(word: Sequence[int]) -> ErrorWord | None:
         waited=int(word[WAITED]),
         origin=int(word[ORIGIN]),
         complete=state == STATE_COMPLETE,
+        stamp=int(word[STAMP]),
     )
 
 

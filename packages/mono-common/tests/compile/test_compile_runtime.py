@@ -151,6 +151,50 @@ def test_sm90_wait_polls_inside_the_loop(vec):
     assert any("%globaltimer" in x for x in body)
 
 
+def _decides_after_exchange(body, clock, barrier, shared_read, branch):
+    """In the wait loop's code, every clock read is followed, before the next branch, by a
+    barrier and then a read of shared memory: the deadline reaches the loop's branch as one
+    value exchanged between the warps, not as each thread's own reading."""
+    reads = [i for i, x in enumerate(body) if re.search(clock, x)]
+    assert reads, "no clock read in the wait loop:\n" + "\n".join(body)
+    for i in reads:
+        after = body[i + 1:]
+        end = next((j for j, x in enumerate(after) if re.search(branch, x)), len(after))
+        after = after[:end]
+        bar = next((j for j, x in enumerate(after) if re.search(barrier, x)), None)
+        if bar is None or not any(re.search(shared_read, x) for x in after[bar + 1:]):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("vec", [0, 1])
+@pytest.mark.parametrize("target", cc.TARGETS)
+def test_wait_decides_the_deadline_as_one_program(target, vec):
+    # Old waits read the clock per thread and branched on it: warps of one program could leave
+    # the loop on different polls (one failing while another polled on) and pair their barriers
+    # across different code. The deadline must go through a cross-warp exchange first.
+    res = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=CLOCK[target], FAULT=0, SYS=0, VEC=vec),
+                            target, num_warps=8)
+    if target == "gfx950":
+        body = _loop_lines_amdgcn(res.asm["amdgcn"])
+        ok = _decides_after_exchange(body, r"^s_memrealtime", r"^s_barrier", r"^ds_read", r"^s_cbranch")
+    else:
+        body = _loop_lines_ptx(res.asm["ptx"])
+        ok = _decides_after_exchange(body, r"%globaltimer", r"^bar\.sync", r"^ld\.shared", r"\bbra\b")
+    assert ok, "the wait loop branches on a per-thread clock reading:\n" + "\n".join(body)
+
+
+def test_modular_compare_is_not_folded():
+    # cnt - target < 0 must stay a subtraction and a sign test: with a no-overflow flag LLVM may
+    # rewrite it as cnt < target, wrong once targets pass 2**31 (mono_common.device.epochs).
+    res = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=0, FAULT=0, SYS=0, VEC=0), "sm_90")
+    llir = res.asm["llir"]
+    assert not re.search(r"\bsub nsw i32\b", llir), "an int32 subtraction carries nsw"
+    body = _loop_lines_ptx(res.asm["ptx"])
+    subs = [i for i, x in enumerate(body) if re.match(r"sub\.s32", x)]
+    assert subs and any(re.match(r"setp\.lt\.s32\s+%p\d+, %r\d+, 0;", x) for x in body[subs[-1]:]), "\n".join(body)
+
+
 def test_digest_covers_runtime_sources():
     from mono_common.device import allreduce, epochs, timer
 

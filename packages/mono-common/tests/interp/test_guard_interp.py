@@ -8,8 +8,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from mono_common import errors  # noqa: E402
 from mono_common.chain_host import Chain  # noqa: E402
+from mono_common.device.guard import wait_ge  # noqa: E402
 from mono_common.guard_host import CLOCK_ITER, Guard  # noqa: E402
 
 
@@ -56,3 +60,52 @@ def test_abort_already_raised_stops_a_satisfiable_wait():
     with pytest.raises(errors.MonoAborted, match="raised by rank 2"):
         g.check()
     assert c.bad_and_epochs()[0] == [0]
+
+
+@triton.jit
+def _wait_kernel(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, out_ptr, deadline, CLOCK: tl.constexpr):
+    ok = wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, 0, 0, 5, deadline, 1, CLOCK, 0, False)
+    tl.store(out_ptr, ok.to(tl.int32))
+
+
+def _wrap32(x):
+    return (x + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+def _wait(counter, target, polls=20):
+    g = _guard(polls=polls)
+    cnt = torch.tensor([_wrap32(counter)], dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    _wait_kernel[(1,)](cnt, target, g.abort[0], g.abort_tab, g.errors[0], out, g.deadline, CLOCK=g.clock)
+    return int(out.item()), g
+
+
+@pytest.mark.parametrize("target", [2 ** 31 + 3, _wrap32(2 ** 31 + 3)])
+def test_wait_compares_modulo_2_32_whatever_the_target_width(target):
+    # A target past 2**31, passed as int64 (a 64-bit epoch times nprog) or already wrapped to
+    # int32, against an int32 counter that wrapped: the comparison is the counter's own width.
+    # Comparing in int64 saw the wrapped counter as 2**32 behind and timed out.
+    ok, g = _wait(2 ** 31 + 5, target)
+    assert ok == 1
+    g.check()
+    ok, g = _wait(2 ** 31 + 2, target)  # one signal short
+    assert ok == 0
+    with pytest.raises(errors.MonoWaitTimeout) as ei:
+        g.check()
+    w = ei.value.word
+    assert (w.observed, w.expected, w.waited) == (_wrap32(2 ** 31 + 2), _wrap32(2 ** 31 + 3), 20)
+    assert w.stamp == 20  # the iteration clock's ticks at the stop: the poll count
+
+
+def test_chain_runs_through_the_epoch_and_target_wraps():
+    # One program (the interpreter runs programs one after another): its epoch and its targets
+    # cross 2**31 in these launches.
+    c = Chain(1, 2, guard=_guard())
+    start = 2 ** 31 - 2
+    c.epochs.fill_(_wrap32(start))
+    c.counters[:, 0].fill_(_wrap32(start))
+    for n in range(1, 5):
+        c.launch()
+        c.guard.check()
+        assert c.bad_and_epochs() == ([0], [_wrap32(start + n)])
+        assert c.counter_values() == [_wrap32(start + n)] * 2

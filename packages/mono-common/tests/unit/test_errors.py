@@ -33,7 +33,7 @@ def _module_ints(path, pattern_prefix):
 
 def test_device_slots_match_host_layout():
     dev = _module_ints(SRC / "guard.py", "_")
-    slots = ["STATE", "CODE", "STAGE", "RANK", "PROGRAM", "OBSERVED", "EXPECTED", "LANE", "WAITED", "ORIGIN", "NSLOTS"]
+    slots = ["STATE", "CODE", "STAGE", "RANK", "PROGRAM", "OBSERVED", "EXPECTED", "LANE", "WAITED", "ORIGIN", "STAMP", "NSLOTS"]
     assert {s: dev["_" + s] for s in slots} == {s: getattr(errors, s) for s in slots}
 
 
@@ -53,8 +53,10 @@ def test_empty_word_decodes_to_none():
 
 def test_decode_fields_and_int32_view():
     w = errors.decode(_word(code=errors.CODE_TIMEOUT, stage=3, rank=5, program=77,
-                            observed=(1 << 32) - 2, expected=0x7FFFFFFF + 1, lane=2, waited=123, origin=5))
+                            observed=(1 << 32) - 2, expected=0x7FFFFFFF + 1, lane=2, waited=123, origin=5,
+                            stamp=1 << 40))
     assert (w.code, w.stage, w.rank, w.program, w.lane, w.waited, w.origin) == (1, 3, 5, 77, 2, 123, 5)
+    assert w.stamp == 1 << 40  # the device clock when the program gave up, 64 bits
     # The device counters are int32 compared wrap-safe: show them as int32.
     assert w.observed == -2 and w.expected == -(1 << 31)
     assert w.complete

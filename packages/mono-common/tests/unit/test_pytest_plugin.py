@@ -35,6 +35,48 @@ def test_require_gpu_turns_the_skip_into_a_failure(tester):
     result.stdout.fnmatch_lines(["*--require-gpu was given but no CUDA/HIP device is visible*"])
 
 
+SKIPIF_TEST = (
+    "import pytest\n"
+    "@pytest.mark.gpu\n"
+    "@pytest.mark.skipif(True, reason='needs a CUDA GPU')\n"
+    "def test_needs_gpu():\n"
+    "    assert True\n"
+)
+MODULE_SKIP_TEST = "import pytest\npytest.skip('needs a CUDA device', allow_module_level=True)\ndef test_k():\n    pass\n"
+
+
+def test_require_gpu_fails_a_skipif_marker(tester):
+    # the skipping plugin evaluates skipif before our setup: the skip still becomes a failure
+    tester.makepyfile(test_g=SKIPIF_TEST)
+    _run(tester).assert_outcomes(skipped=1)
+    result = _run(tester, "--require-gpu")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--require-gpu was given but no CUDA/HIP device is visible*"])
+
+
+def test_require_gpu_fails_a_module_level_skip_in_a_gpu_folder(tester):
+    tester.mkpydir("tests")
+    for folder in ("kernels", "unit"):
+        d = tester.path / "tests" / folder
+        d.mkdir()
+        (d / f"test_{folder}_mod.py").write_text(MODULE_SKIP_TEST)
+    _run(tester, "tests").assert_outcomes(skipped=2)
+    result = _run(tester, "tests", "--require-gpu")
+    # the kernels module fails; a unit module may skip for its own reasons
+    result.assert_outcomes(errors=1, skipped=1)
+    result.stdout.fnmatch_lines(["*no CUDA/HIP device is visible (the module skipped: *needs a CUDA device*"])
+    assert result.ret != 0
+
+
+def test_require_gpu_fails_a_run_without_gpu_tests(tester):
+    tester.makepyfile(test_k=KERNEL_TEST)
+    assert _run(tester).ret == 0
+    result = _run(tester, "--require-gpu")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*FAILED: --require-gpu was given but no CUDA/HIP device is visible*"])
+
+
 def test_folders_mark_tests(tester):
     tester.mkpydir("tests")
     for folder, body in (("kernels", KERNEL_TEST), ("e2e", E2E_TEST), ("unit", KERNEL_TEST)):

@@ -3,9 +3,19 @@
 Each program owns one int32 epoch slot and bumps it itself at the start of every launch
 (`epoch_begin`), so every program of a launch agrees on the epoch without any host argument and
 a captured CUDA graph replays correctly. Counters only grow: a stage counter that N signals
-feed per launch reaches `epoch * N` at epoch `epoch` (`target`). All arithmetic is int32 and
-wraps; `wait_ge` compares with `cnt - target >= 0`, which stays right across the wrap as long as
-a counter never runs 2**31 ahead of its target.
+feed per launch reaches `epoch * N` at epoch `epoch` (`target`).
+
+Wrap: counters, epochs and targets are int32 and wrap modulo 2**32 (at N = 264 programs the
+targets `epoch * N` pass 2**31 after 2**31 / 264 = 8.1 M launches, about an hour of serving a
+75-layer model; the epoch itself after 2**31 launches). They never need to be read as true
+integers: `wait_ge` decides `cnt - target >= 0` in int32, which is the true comparison whenever
+the true difference lies in [-2**31, 2**31). For an epoch counter it lies in [-N, 0] at every
+wait: launches of one stream run one after another, so when a program of launch e waits, every
+earlier launch has finished (the counter holds at least (e - 1) * N) and launch e adds at most
+N (it holds at most e * N). Any N < 2**31 is therefore exact at every launch count. Triton's
+integer add, sub and mul carry no no-overflow flag, so LLVM cannot rewrite `cnt - target < 0`
+as `cnt < target` (tests/compile checks the emitted compare; tests/kernels and mono-glm53's
+layer tests run launches across the wraps of the targets and of the epoch).
 """
 
 import triton

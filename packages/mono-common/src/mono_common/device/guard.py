@@ -20,12 +20,26 @@ Arguments shared by the helpers (the "guard" arguments, passed through unchanged
   CLOCK       constexpr clock id (mono_common.device.timer)
   FAULT       constexpr: after the error word, store to address 0x0 so the process dies
   SYS         constexpr: system scope (flags written by other GPUs) instead of gpu scope
+
+One decision per program: a wait's loop and its failure path hold barriers (the poll result is
+broadcast through shared memory, the error word's claim too), so every warp of a program must
+leave the loop on the same iteration with the same verdict. Everything the loop condition
+reads is therefore one value for the whole program: the poll (one atomic per distinct address,
+its result broadcast), the abort flag (the same atomic) and the clock (`timer.program_now`:
+every thread's reading reduced to one, not each thread's own). Reading the clock per thread
+let warps disagree at the deadline: one warp failed while another kept polling, and their
+barriers paired across different code.
+
+Counters are int32 and compared modulo 2**32 (`cnt - target >= 0` in int32; a target of any
+integer width is first truncated to the counter's 32 bits): right for as long as a counter is
+within 2**31 of the target it is compared with, which `mono_common.device.epochs` shows holds
+for epoch counters at any launch count. Pointers must be 4-byte aligned int32 words.
 """
 
 import triton
 import triton.language as tl
 
-from mono_common.device.timer import elapsed, now
+from mono_common.device.timer import program_elapsed, program_now
 
 # Error-word slots and codes: the numbers of mono_common.errors (a unit test keeps them equal).
 _STATE = tl.constexpr(0)
@@ -38,6 +52,7 @@ _EXPECTED = tl.constexpr(6)
 _LANE = tl.constexpr(7)
 _WAITED = tl.constexpr(8)
 _ORIGIN = tl.constexpr(9)
+_STAMP = tl.constexpr(10)
 _NSLOTS = tl.constexpr(16)
 
 
@@ -108,8 +123,10 @@ def _i64(x):
 
 
 @triton.jit
-def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, waited, origin):
-    """Fill this rank's error word if no program of the rank did so first."""
+def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, waited, origin, stamp):
+    """Fill this rank's error word if no program of the rank did so first. `stamp`: the clock
+    when the program gave up (ticks of the wait's clock; the poll count for CLOCK_ITER), so
+    words of different ranks tell how long after one rank's timeout another stopped."""
     zero = tl.full([], 0, tl.int64)
     old = tl.atomic_cas(err_ptr + _STATE, zero, zero + 1, sem="acquire", scope="sys")
     if old == 0:
@@ -124,7 +141,8 @@ def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, w
         vals = tl.where(slots == _LANE, _i64(lane), vals)
         vals = tl.where(slots == _WAITED, _i64(waited), vals)
         vals = tl.where(slots == _ORIGIN, _i64(origin), vals)
-        tl.store(err_ptr + slots, vals, mask=(slots > _STATE) & (slots <= _ORIGIN))
+        vals = tl.where(slots == _STAMP, _i64(stamp), vals)
+        tl.store(err_ptr + slots, vals, mask=(slots > _STATE) & (slots <= _STAMP))
         tl.debug_barrier()
         tl.atomic_xchg(err_ptr + _STATE, zero + 2, sem="release", scope="sys")
 
@@ -134,43 +152,54 @@ def write_error(err_ptr, code, stage, rank, program, observed, expected, lane, w
 # in a kernel with one wait per stage (mono-glm53's layer kernel: 2 SGPR spills with the call,
 # none inlined, Triton 3.8).
 @triton.jit
-def fail(abort_val, observed, expected, lane, waited, abort_tab, err_ptr, rank, program, stage,
+def fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage,
          NRANK: tl.constexpr, FAULT: tl.constexpr):
-    """Record why this program stops; raise the abort flag when the cause is our own timeout."""
+    """Record why this program stops; raise the abort flag when the cause is our own timeout.
+    Called by every warp of the program or by none (its branches read only program values)."""
     if abort_val != 0:
-        write_error(err_ptr, 2, stage, rank, program, observed, expected, lane, waited, abort_val - 1)
+        write_error(err_ptr, 2, stage, rank, program, observed, expected, lane, waited, abort_val - 1, stamp)
     else:
-        write_error(err_ptr, 1, stage, rank, program, observed, expected, lane, waited, rank)
+        write_error(err_ptr, 1, stage, rank, program, observed, expected, lane, waited, rank, stamp)
         raise_abort(abort_tab, rank, NRANK)
     if FAULT:
         fault()
 
 
 @triton.jit
+def _wrap32(x):
+    """x (an int of any width, or a Python int) as the int32 it is modulo 2**32."""
+    return (tl.full([], 0, tl.int64) + x).to(tl.int32)
+
+
+@triton.jit
 def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
             NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
-    """Wait until the int32 counter at `cnt_ptr` reaches `target` (wrap-safe: cnt - target >= 0).
+    """Wait until the int32 counter at `cnt_ptr` reaches `target` (modulo 2**32: cnt - target
+    >= 0 in int32).
 
     Returns True when reached; False after a timeout or the abort flag (error word written,
-    abort raised, and with FAULT the process is already dying)."""
+    abort raised, and with FAULT the process is already dying). Every warp of the program
+    returns the same value after the same number of polls."""
     lane = tl.arange(0, 2)
-    # One 2-lane atomic reads the counter and the abort flag together.
+    tgt = _wrap32(target)
+    # One 2-lane atomic reads the counter and the abort flag together; its result reaches every
+    # warp through shared memory, so cur and ab are program values.
     ptrs = tl.where(lane == 0, cnt_ptr, abort_ptr)
-    start = now(CLOCK)
+    start = program_now(CLOCK)
     v = poll(ptrs, SYS)
     cur = tl.sum(tl.where(lane == 0, v, 0), 0)
     ab = tl.sum(tl.where(lane == 1, v, 0), 0)
     iters = 0
     waited = tl.full([], 0, tl.int64)
-    while ((cur - target) < 0) & (ab == 0) & (waited < deadline):
+    while ((cur - tgt) < 0) & (ab == 0) & (waited < deadline):
         v = poll(ptrs, SYS)
         cur = tl.sum(tl.where(lane == 0, v, 0), 0)
         ab = tl.sum(tl.where(lane == 1, v, 0), 0)
         iters += 1
-        waited = elapsed(start, iters, CLOCK)
-    ok = ((cur - target) >= 0) & (ab == 0)
+        waited = program_elapsed(start, iters, CLOCK)
+    ok = ((cur - tgt) >= 0) & (ab == 0)
     if not ok:
-        fail(ab, cur, target, 0, waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+        fail(ab, cur, tgt, 0, waited, start + waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
     # Threads other than the polling ones read data the producers wrote: order after the poll.
     tl.debug_barrier()
     return ok
@@ -179,17 +208,18 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
 @triton.jit
 def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
                 NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
-    """Wait until every int32 counter of the 1-D pointer tensor `cnt_ptrs` reaches its target.
+    """Wait until every int32 counter of the 1-D pointer tensor `cnt_ptrs` reaches its target
+    (modulo 2**32, as `wait_ge`).
 
     `targets` is a scalar or a tensor shaped like `cnt_ptrs`. Pointers must be distinct (pad
     lanes may repeat a real counter with its real target). The error word's lane is the first
-    counter still short."""
+    counter still short. One verdict for the whole program, as `wait_ge`."""
     lanes = tl.arange(0, cnt_ptrs.shape[0])
-    tgt = tl.zeros(cnt_ptrs.shape, tl.int32) + targets
+    tgt = (tl.zeros(cnt_ptrs.shape, tl.int64) + targets).to(tl.int32)
     a2 = tl.arange(0, 2)
     # abort_ptr + 1 is the spare word, so the abort poll has two distinct lanes too.
     aptrs = abort_ptr + a2
-    start = now(CLOCK)
+    start = program_now(CLOCK)
     v = poll(cnt_ptrs, SYS)
     ab = tl.max(poll(aptrs, SYS), 0)
     short = tl.sum(((v - tgt) < 0).to(tl.int32), 0)
@@ -200,7 +230,7 @@ def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program,
         ab = tl.max(poll(aptrs, SYS), 0)
         short = tl.sum(((v - tgt) < 0).to(tl.int32), 0)
         iters += 1
-        waited = elapsed(start, iters, CLOCK)
+        waited = program_elapsed(start, iters, CLOCK)
     ok = (short == 0) & (ab == 0)
     if not ok:
         big = cnt_ptrs.shape[0]
@@ -208,7 +238,8 @@ def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program,
         first = tl.where(first == big, 0, first)
         obs = tl.sum(tl.where(lanes == first, v, 0), 0)
         exp = tl.sum(tl.where(lanes == first, tgt, 0), 0)
-        fail(ab, obs, exp, first, waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+        fail(ab, obs, exp, first, waited, start + waited, abort_tab, err_ptr, rank, program, stage, NRANK,
+             FAULT)
     tl.debug_barrier()
     return ok
 

@@ -3,6 +3,11 @@
 `now(CLOCK)` returns a 64-bit tick count. The host turns `BuildContext.deadline_s` into ticks of the
 same clock (`mono_common.guard_host.deadline_ticks`), so a kernel only ever compares tick
 differences and never needs to know the clock's rate.
+
+`now` is read by every thread for itself, so two warps of one program hold different values.
+A decision that every warp of a program must take alike (a guarded wait's deadline: the wait
+loop and its failure path hold barriers) uses `program_now` / `program_elapsed` instead: every
+thread's reading reduced to their maximum through shared memory, one value for the program.
 """
 
 import triton
@@ -30,6 +35,34 @@ def now(CLOCK: tl.constexpr):
     else:
         t = tl.full([], 0, tl.int64)
     return t
+
+
+# Threads of one program are at most 1024 (CUDA and ROCm): a [PROGRAM_LANES] tensor gives every
+# thread at least one element of its own, so a reduction over it crosses every warp (a smaller
+# one is replicated across warps and each warp would reduce only its own copy).
+PROGRAM_LANES = tl.constexpr(1024)
+
+
+@triton.jit
+def program_now(CLOCK: tl.constexpr):
+    """The clock as ONE value for the whole program: the maximum of every thread's reading,
+    exchanged through shared memory (a barrier), so every warp holds the same tick count and
+    takes the same branch on it. 0 for CLOCK_ITER."""
+    t = now(CLOCK)
+    if CLOCK != 2:
+        t = tl.max(tl.full([PROGRAM_LANES], 0, tl.int64) + t, 0)
+    return t
+
+
+@triton.jit
+def program_elapsed(start, iters, CLOCK: tl.constexpr):
+    """`elapsed` from `program_now` readings: the same value in every warp of the program
+    (`start` must be a `program_now` reading; for CLOCK_ITER the uniform poll count)."""
+    if CLOCK == 2:
+        e = iters.to(tl.int64)
+    else:
+        e = program_now(CLOCK) - start
+    return e
 
 
 @triton.jit

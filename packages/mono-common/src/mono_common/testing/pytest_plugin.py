@@ -8,7 +8,10 @@ settings do). It adds:
   `tests/e2e/` gets `gpu` + `e2e`, `tests/interp/` gets `interp`,
   `tests/compile/` gets `compile`;
 - `gpu` tests skip cleanly when no CUDA/HIP device is visible, and fail under
-  `--require-gpu` (GPU CI must never pass by skipping);
+  `--require-gpu` (GPU CI must never pass by skipping): every way a GPU test can skip for
+  want of a GPU turns into a failure there (this plugin's own skip, a `skipif` marker, and
+  a module-level skip or `importorskip` of a module under tests/kernels or tests/e2e), and a
+  run that saw no GPU exits non-zero even if no GPU test was collected;
 - `e2e` tests run only with `--run-e2e` (they need a served model);
 - a "kernel resources" section at the end of the run with every line a test recorded as
   `record_property("resources", text)` (tests/compile: a `print` from an xdist worker never
@@ -96,12 +99,25 @@ def gpu_description() -> str | None:
         return None
 
 
-def _folder_marks(item: pytest.Item) -> tuple[str, ...]:
+def _folder_marks(item) -> tuple[str, ...]:
     parts = item.path.parts
     for i, part in enumerate(parts[:-1]):
         if part == "tests" and i + 1 < len(parts) - 1:
             return _FOLDER_MARKS.get(parts[i + 1], ())
     return ()
+
+
+_NO_GPU = "--require-gpu was given but no CUDA/HIP device is visible"
+
+
+def _gpu_required_but_missing(config: pytest.Config) -> bool:
+    return bool(config.getoption("--require-gpu")) and gpu_description() is None
+
+
+def _skip_reason(longrepr) -> str:
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -114,11 +130,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(mark)
 
 
+def _e2e_not_asked(item: pytest.Item) -> bool:
+    return item.get_closest_marker("e2e") is not None and not item.config.getoption("--run-e2e")
+
+
+# tryfirst: before the skipping plugin evaluates a `skipif(not torch.cuda.is_available())`
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     config = item.config
-    if item.get_closest_marker("e2e") is not None and not config.getoption("--run-e2e"):
+    if _e2e_not_asked(item):
         pytest.skip("e2e test: pass --run-e2e on a machine with GPUs and the checkpoint")
     if item.get_closest_marker("gpu") is not None and gpu_description() is None:
         if config.getoption("--require-gpu"):
-            pytest.fail("--require-gpu was given but no CUDA/HIP device is visible", pytrace=False)
+            pytest.fail(_NO_GPU, pytrace=False)
         pytest.skip("no GPU visible (this test needs CUDA or HIP)")
+
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """Under --require-gpu with no GPU, a gpu test that skipped (a skipif marker evaluated
+    before this plugin's setup, ...) failed: a GPU run must not pass by skipping."""
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and item.get_closest_marker("gpu") is not None and not _e2e_not_asked(item)
+            and not hasattr(report, "wasxfail") and _gpu_required_but_missing(item.config)):
+        report.outcome = "failed"
+        report.longrepr = f"{_NO_GPU} (the test skipped: {_skip_reason(report.longrepr)})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """Under --require-gpu with no GPU, a module of a GPU folder (tests/kernels, tests/e2e) that
+    skipped as a whole at import (`pytest.skip(allow_module_level=True)`, `importorskip`)
+    failed."""
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and isinstance(collector, pytest.Module) and "gpu" in _folder_marks(collector)
+            and _gpu_required_but_missing(collector.config)):
+        report.outcome = "failed"
+        report.longrepr = f"{_NO_GPU} (the module skipped: {_skip_reason(report.longrepr)})"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    """A run under --require-gpu that saw no GPU fails, even with no GPU test collected."""
+    if _gpu_required_but_missing(session.config) and exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"FAILED: {_NO_GPU}", red=True)
