@@ -1,7 +1,13 @@
-"""The check mode's comparator: cosine, max_abs and rel of an output against named bounds.
+"""The check mode's comparator: cosine, max_abs, rel and rel_l2 of an output against named bounds.
 
 Bounds are named `<launch>.<output>.<metric>` (SGLang's `Numerics` format),
-metric one of `cosine` (a floor), `max_abs` and `rel` (ceilings). The model
+metric one of `cosine` (a floor), `max_abs`, `rel` and `rel_l2` (ceilings). A cosine is
+blind to an error that scales the whole output (a wrong weight scale gives cosine 1.0), and
+`rel` (max |diff| over max |expected|) sees one element; `rel_l2` = ||actual - expected|| /
+||expected|| bounds the error's share of the whole output's norm, so a 1 % scale error reads
+0.01 whatever the direction agrees. SGLang 0.5.23's `Numerics` accepts only cosine,
+max_abs and rel, so a spec's `NUMERICS` cannot carry a rel_l2 bound: a model package keeps
+those beside it and passes both to `compare`. The model
 package's check harness runs SGLang's own layer beside the launch and feeds
 both outputs here; every value out of bounds becomes a `Violation`, and
 none is dropped. torch is imported only when tensors are compared.
@@ -12,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-METRICS = ("cosine", "max_abs", "rel")
+METRICS = ("cosine", "max_abs", "rel", "rel_l2")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ class Violation:
 
 
 def metrics(actual, expected) -> dict[str, float]:
-    """cosine, max_abs and rel (max_abs over max |expected|) of two tensors, in float64.
+    """cosine, max_abs, rel (max_abs over max |expected|) and rel_l2 (the norm of the
+    difference over the norm of expected) of two tensors, in float64.
 
     NaN or inf anywhere in `actual` gives NaN metrics, which fail every bound.
     """
@@ -63,7 +70,7 @@ def metrics(actual, expected) -> dict[str, float]:
         raise ValueError(f"shape mismatch: {tuple(actual.shape)} vs {tuple(expected.shape)}")
     if not torch.isfinite(a).all():
         nan = float("nan")
-        return {"cosine": nan, "max_abs": nan, "rel": nan}
+        return {"cosine": nan, "max_abs": nan, "rel": nan, "rel_l2": nan}
     diff = (a - e).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
     scale = float(e.abs().max()) if e.numel() else 0.0
@@ -73,7 +80,10 @@ def metrics(actual, expected) -> dict[str, float]:
     else:
         cosine = float(torch.dot(a, e)) / denom
     rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
-    return {"cosine": cosine, "max_abs": max_abs, "rel": rel}
+    e_norm = float(e.norm())
+    d_norm = float((a - e).norm())
+    rel_l2 = d_norm / e_norm if e_norm > 0 else (0.0 if d_norm == 0 else float("inf"))
+    return {"cosine": cosine, "max_abs": max_abs, "rel": rel, "rel_l2": rel_l2}
 
 
 def _passes(metric: str, value: float, limit: float) -> bool:

@@ -1,12 +1,12 @@
 """The mono-common device runtime on a GPU: timeouts, faults, graph replay, delay races and the
 simulated all-reduce."""
 
+import functools
+import json
 import os
 import subprocess
 import sys
 import time
-
-import functools
 
 import pytest
 import torch
@@ -73,6 +73,38 @@ def test_fault_mode_kills_the_process_at_address_zero():
     assert f"observed {G - 1}, expected {G}" in out, out[-3000:]
     print(f"\nfault child died (rc {p.returncode}) in {time.perf_counter() - t0:.1f} s:\n"
           + "\n".join(x for x in out.splitlines() if x.startswith(("WORD", "CAUSE"))))
+
+
+def _deadline_race(variant, launches=2000, deadline_us=30.0, jitter_us=3.0):
+    child = os.path.join(os.path.dirname(__file__), "deadline_race_child.py")
+    p = subprocess.run([sys.executable, child, str(launches), str(deadline_us), str(jitter_us), variant],
+                       capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, (p.returncode, (p.stdout + p.stderr)[-3000:])
+    r = json.loads(lines[-1][len("RESULT "):])
+    print(f"\n{variant}: {r['launches']} launches x {r['consumers']} consumers: {r['ok']} reached, "
+          f"{r['timeouts']} timed out, {len(r['disagree'])} programs split, {len(r['bad_words'])} bad words, "
+          f"hang {r['hang']}, slowest launch {r['max_launch_ms']:.2f} ms")
+    return p.returncode, r
+
+
+def test_waits_at_the_deadline_decide_as_one_program():
+    """Producers signal at the deadline +- 3 us in 132 programs x 2000 launches: in every
+    consumer program all 8 warps return the same verdict, its error word agrees with it, and no
+    launch hangs (each is watched for 10 s in a child process)."""
+    rc, r = _deadline_race("program")
+    assert rc == 0 and not r["hang"], r
+    assert r["disagree"] == [], r["disagree"]
+    assert r["bad_words"] == [], r["bad_words"]
+    # the jitter must straddle the deadline, or the race was never run
+    assert r["ok"] > 0 and r["timeouts"] > 0, r
+
+
+def test_the_deadline_race_catches_a_wait_with_a_per_thread_clock():
+    """The same race on mono-common 0.1.4's wait (each thread its own clock): it must show a
+    split program, a wrong error word or a hang, or the test above proves nothing."""
+    rc, r = _deadline_race("legacy")
+    assert r["hang"] or r["disagree"] or r["bad_words"], r
 
 
 def test_10000_graph_replays_keep_counters_without_reset():
