@@ -16,11 +16,22 @@ Copies (keys `(kind, layer)`):
 
 Launchers (the object forward.py's `CoveredLayer` interface describes):
 - `KernelLayer` (the default): the Triton layer kernel, `mono_glm53.kernels.layer.
-  GlmLayerKernel`, one instance per (layer, width), fused (one launch a layer) or staged
-  (MONO_GLM53_KERNEL_MODE=staged);
+  GlmLayerKernel`, one instance per width, fused (one launch a layer) or staged
+  (MONO_GLM53_KERNEL_MODE=staged), built for the page table's width (SGLang's
+  req_to_token is context + 4 + draft tokens wide, wider than max_position_embeddings);
 - `ReferenceLayer`: the torch reference (mono_glm53.reference), selected with
   `MONO_GLM53_LAYER=reference`. It is correct and slow (dozens of kernels a layer); the
   CPU forward test uses it, and it lets the plumbing be tried on a GPU before the kernel.
+
+Tensor parallelism (TP > 1, the kernel): the launches all-reduce inside the kernel through
+peer buffers that `layer_peers` allocates here, at install, across SGLang's TP group (read
+through SGLang's parallel state: `get_tp_group()`, its CPU (gloo) group, rank and size):
+one set of regions per built width (`kernels.layer.peer_requests`) plus the guard's abort
+flag, all in one `mono_common.peer.allocate` (IPC handles exchanged over the CPU group;
+the size handshake fails on every rank at once). Every kernel of the rank shares one
+`Guard` whose abort flag is that peer region, so one rank's expired wait stops every
+rank's launch. The widths the kernel serves at this TP size are the spec's table
+(`spec.WIDTHS_BY_TP`); a routed step of another width runs SGLang's own forward.
 """
 
 from __future__ import annotations
@@ -50,6 +61,10 @@ SGLANG_READS = (
     "sglang.srt.layers.layer_boundary.adapters.attention.get_attn_tp_context",
     "sglang.srt.distributed.tensor_model_parallel_all_reduce",
     "sglang.srt.runtime_context.get_parallel",
+    "sglang.srt.distributed.parallel_state.get_tp_group",
+    "sglang.srt.distributed.parallel_state.GroupCoordinator#cpu_group",
+    "sglang.srt.distributed.parallel_state.GroupCoordinator#rank_in_group",
+    "sglang.srt.distributed.parallel_state.GroupCoordinator#world_size",
 )
 
 
@@ -148,14 +163,24 @@ class ReferenceLayer:
 
 
 class BuiltGlm53:
-    """What `SPEC.build` returns: `forward(plan, *args, **kwargs)` runs a routed step."""
+    """What `SPEC.build` returns: `forward(plan, *args, **kwargs)` runs a routed step.
 
-    def __init__(self, forward: GlmMonoForward, widths: Sequence[int], launcher_kind: str):
+    `widths`: the routed widths (BuildContext.widths); `served`: those the launcher runs at
+    this TP size (the spec's table); a routed step of another width runs `standard` (the
+    model's own forward as it was before install: SGLang's path)."""
+
+    def __init__(self, forward: GlmMonoForward, widths: Sequence[int], launcher_kind: str,
+                 served: Sequence[int] | None = None, standard: Any = None):
         self._forward = forward
         self.widths = tuple(widths)
+        self.served = tuple(self.widths if served is None else served)
         self.launcher_kind = launcher_kind
+        self._standard = standard
 
     def forward(self, plan: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = plan.key.rows
+        if rows in self.widths and rows not in self.served and self._standard is not None:
+            return self._standard(*args, **kwargs)
         return self._forward.forward(plan, *args, **kwargs)
 
 
@@ -168,28 +193,46 @@ class KernelLayer:
     (device copies, capturable) and launches once ("fused") or once a stage ("staged",
     MONO_GLM53_KERNEL_MODE=staged, for TRITON_INTERPRET=1 and bisecting). Since SGLang routes
     only keys whose rows equal a built width, no row is a kernel pad row. `guard.check()` (a
-    host read) is not called here: the routed path never syncs."""
+    host read) is not called here: the routed path never syncs.
 
-    def __init__(self, shape: Any, weights: dict, context: Any, max_seq_len: int, mode: str):
+    `peers` (TP > 1): `LayerPeers` from `layer_peers`, whose regions every width's kernel
+    all-reduces through and whose guard they share. `nprog` / `cooperative`: the grid (None:
+    the whole GPU) and the cooperative launch; tests running several rank processes on one
+    GPU give each rank a share of the SMs and launch plainly."""
+
+    def __init__(self, shape: Any, weights: dict, context: Any, mode: str, peers: LayerPeers | None = None,
+                 nprog: int | None = None, cooperative: bool = True):
+        from mono_common import guard_watch
         from mono_glm53.kernels.layer import GlmLayerKernel
 
-        self._cls = GlmLayerKernel
+        self._cls, self._watch = GlmLayerKernel, guard_watch.watch
         self.shape, self.weights, self.mode = shape, weights, mode
         self.widths = tuple(context.widths)
         self.deadline_s = float(context.deadline_s)
-        self.max_seq_len = int(max_seq_len)
+        self.peers = peers
+        self.nprog, self.cooperative = nprog, cooperative
         self.kernels: dict[int, Any] = {}
 
     def kernel(self, layer_id: int, width: int, max_seq_len: int) -> Any:
-        """Built on the first step of a width (eager warmup, before capture), for the page
-        table's width: SGLang's req_to_token is [reqs, context_len], and the kernel's score
-        stage must not be built for more pages than a page-table row holds."""
+        """Built on the first step of a width (eager warmup, before capture), as wide as the
+        page table's rows (`max_seq_len`: SGLang's req_to_token is [reqs, context_len + 4 +
+        draft tokens]; every read of a row is masked by its sequence length, so no row is
+        read past its table row and every context SGLang admits fits)."""
         if width not in self.kernels:
-            self.kernels[width] = self._cls(
-                self.shape, self.weights[layer_id], width=width,
-                max_seq_len=min(self.max_seq_len, int(max_seq_len)) if self.max_seq_len else int(max_seq_len),
-                indexer=True, deadline_s=self.deadline_s,
+            tp = {}
+            if self.peers is not None:
+                if width not in self.peers.by_width:
+                    raise RuntimeError(f"mono-glm53: width {width} has no peer buffers (built for "
+                                       f"{sorted(self.peers.by_width)})")
+                tp = dict(world=self.peers.world, peers=self.peers.by_width[width], guard=self.peers.guard)
+            k = self._cls(
+                self.shape, self.weights[layer_id], width=width, max_seq_len=int(max_seq_len),
+                indexer=True, deadline_s=self.deadline_s, nprog=self.nprog,
+                cooperative=self.cooperative, **tp,
             )
+            # a stopped launch's error word reaches the log before the fault ends the process
+            self._watch(k.guard, f"mono-glm53 TP rank {k.rank} of {k.world}")
+            self.kernels[width] = k
         return self.kernels[width]
 
     def run(self, layer_id, hidden, residual, step: StepInputs, caches: LayerCaches, prev_topk):
@@ -202,7 +245,7 @@ class KernelLayer:
         return out, res, topk
 
 
-def _kernel_launcher(shape: Any, weights: dict, context: Any, max_seq_len: int):
+def _kernel_launcher(shape: Any, weights: dict, context: Any, peers: LayerPeers | None = None):
     try:
         from mono_glm53.kernels import layer as kernel_layer
     except ImportError as exc:
@@ -218,7 +261,7 @@ def _kernel_launcher(shape: Any, weights: dict, context: Any, max_seq_len: int):
     mode = os.environ.get("MONO_GLM53_KERNEL_MODE", "fused").strip().lower()
     if mode not in ("fused", "staged"):
         raise ValueError(f"MONO_GLM53_KERNEL_MODE={mode!r}: use 'fused' or 'staged'")
-    return KernelLayer(shape, weights, context, max_seq_len, mode)
+    return KernelLayer(shape, weights, context, mode, peers)
 
 
 def launcher_kind() -> str:
@@ -238,6 +281,50 @@ def _tp() -> tuple[int, int]:
         return 1, 0
 
 
+@dataclasses.dataclass
+class LayerPeers:
+    """One TP rank's peer buffers for its layer launches: `by_width[w]` the regions of the
+    width-w kernel (`kernels.layer.peer_requests` names), `guard` the Guard every kernel of
+    the rank shares, its abort flag a peer region (`mono_common.peer.ABORT_REGION`)."""
+
+    rank: int
+    world: int
+    by_width: dict[int, Any]
+    guard: Any
+    buffers: Any  # the mono_common.peer.PeerBuffers all of it lives in
+
+
+def layer_peers(shape: Any, widths: Sequence[int], *, group=None, comm=None, device=None,
+                deadline_s: float = 2.0, mode: str | None = None) -> LayerPeers:
+    """Allocate, across the ranks of `group` (a torch.distributed CPU group: SGLang's TP CPU
+    group in a server) or `comm` (mono_common.peer.Comm), the peer regions of every width's
+    layer launch and the shared abort flag, in ONE `mono_common.peer.allocate` (handshake
+    first: a rank asking for other sizes or widths fails every rank at once), and the rank's
+    Guard over that flag (`mode`: MONO_GUARD_MODE or fault)."""
+    from mono_common import peer
+    from mono_common.guard_host import Guard
+    from mono_glm53.kernels.layer import peer_requests
+    from mono_glm53.kernels.stages import STAGE_NAMES
+
+    comm = comm or peer.torch_comm(group)
+    world = comm.world
+    if shape.tp_size != world:
+        raise ValueError(f"mono-glm53: the layer shape is cut for TP {shape.tp_size}, the TP group has {world} ranks")
+    requests = [(f"w{w}.{name}", nbytes, kind) for w in widths for name, nbytes, kind in peer_requests(shape, w, world)]
+    bufs = peer.allocate([*requests, peer.ABORT_REGION], device=device, comm=comm)
+    guard = Guard(world, device=device, mode=mode, deadline_s=deadline_s,
+                  stage_names=dict(enumerate(STAGE_NAMES)), abort=peer.abort_args(bufs))
+    return LayerPeers(comm.rank, world, {w: bufs.scoped(f"w{w}") for w in widths}, guard, bufs)
+
+
+def tp_group() -> tuple[Any, int, int]:
+    """(CPU group, rank, size) of SGLang's TP group, read through its parallel state."""
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group()
+    return group.cpu_group, int(group.rank_in_group), int(group.world_size)
+
+
 def _input_context():
     try:
         from sglang.srt.layers.layer_boundary.adapters.attention import get_attn_tp_context
@@ -249,12 +336,17 @@ def _input_context():
 
 
 def build(model: Any, hf_config: Any, context: Any, *, shape: Any = None) -> BuiltGlm53:
-    from mono_glm53.spec import WIDTHS
+    from mono_glm53.spec import WIDTHS, WIDTHS_BY_TP
 
     widths = tuple(context.widths)
     if not widths or not set(widths) <= set(WIDTHS):
         raise ValueError(f"mono-glm53: cannot build widths {widths}: the kernel has widths {WIDTHS}")
     tp_size, tp_rank = _tp()
+    # A TP size the spec does not list never gets here in a server (SGLang refuses it at
+    # startup); tools and CPU tests build one rank (TP 1) with every width.
+    cap = WIDTHS_BY_TP.get(context.isa, {}).get(tp_size)
+    served = widths if cap is None else tuple(w for w in widths if w in cap)
+    standard = model.forward  # SGLang's forward, before install replaces it
     if shape is None:
         shape = layer_shape(hf_config, tp_size=tp_size, tp_rank=tp_rank)
     layers = model.model.layers
@@ -272,14 +364,15 @@ def build(model: Any, hf_config: Any, context: Any, *, shape: Any = None) -> Bui
         launcher = ReferenceLayer(shape, weights, all_reduce)
         logger.warning("mono-glm53: %s=reference: covered layers run the torch reference", LAYER_ENV)
     else:
-        from mono_glm53.refusals import unwired_all_reduce_reason
-
-        refused = unwired_all_reduce_reason(tp_size)
-        if refused:
-            raise ValueError(f"mono-glm53: {refused}")
-        launcher = _kernel_launcher(
-            shape, weights, context, max_seq_len=int(getattr(hf_config, "max_position_embeddings", 0) or shape.max_position)
-        )
+        peers = None
+        if tp_size > 1:
+            group, rank, world = tp_group()
+            if (rank, world) != (tp_rank, tp_size):
+                raise RuntimeError(f"mono-glm53: SGLang's TP group is rank {rank} of {world}, its parallel "
+                                   f"context rank {tp_rank} of {tp_size}")
+            peers = layer_peers(shape, served, group=group, device=torch.device("cuda", torch.cuda.current_device()),
+                                deadline_s=float(context.deadline_s))
+        launcher = _kernel_launcher(shape, weights, context, peers)
     hook = None
     from mono_glm53.check import check_enabled, make_check_hook
 
@@ -288,4 +381,8 @@ def build(model: Any, hf_config: Any, context: Any, *, shape: Any = None) -> Bui
     fwd = GlmMonoForward(
         model, launcher, covered, input_context=_input_context(), layer_hook=hook
     )
-    return BuiltGlm53(fwd, widths, kind)
+    if served != widths:
+        logger.info("mono-glm53: at TP %d on %s the kernel serves widths %s; routed steps of %s rows run "
+                    "SGLang's path (spec.WIDTHS_BY_TP)", tp_size, context.isa, list(served),
+                    [w for w in widths if w not in served])
+    return BuiltGlm53(fwd, widths, kind, served, standard)

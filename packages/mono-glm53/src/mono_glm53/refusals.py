@@ -355,43 +355,11 @@ def launcher_reasons() -> list[str]:
     return []
 
 
-def unwired_all_reduce_reason(tp_size: int) -> str | None:
-    """Why the kernel refuses TP above 1 in a server.
-
-    The layer kernel all-reduces inside the launch (mono_common's one-shot all-reduce at both
-    points), tested with TP 2/4/8 ranks side by side on one GPU. The serving path does not yet
-    allocate the peer buffers over SGLang's TP group (symmetric memory across GPUs, one set
-    per layer and width), and no several-GPU run has checked it, so a server at TP > 1 is
-    refused. The torch reference layer (MONO_GLM53_LAYER=reference) reduces through SGLang
-    and stays allowed.
-    """
-    import os
-
-    kind = os.environ.get("MONO_GLM53_LAYER", "kernel").strip().lower() or "kernel"
-    if tp_size > 1 and kind == "kernel":
-        return (
-            f"tp_size {tp_size}: the mono-glm53 {_version()} layer kernel does not yet reduce "
-            "across TP ranks on several GPUs (its in-kernel all-reduce runs only for ranks side "
-            "by side on one GPU; the cross-GPU peer buffers are not allocated by the server "
-            "path); serve without --enable-amd-monokernel, or set "
-            "MONO_GLM53_LAYER=reference to run the covered layers on the torch reference"
-        )
-    return None
-
-
-def _version() -> str:
-    from mono_glm53.__about__ import __version__
-
-    return __version__
-
-
 def config_reasons(
     cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Sequence[int]]
 ) -> list[str]:
     """Every reason GLM-5.3's kernel refuses this server before load, all at once."""
-    tp_reason = unwired_all_reduce_reason(int(_get(cfg, "tp_size", 1) or 1))
     return [
-        *([tp_reason] if tp_reason else []),
         *checkpoint_reasons(cfg, hf_config),
         *server_arg_reasons(cfg),
         *env_reasons(),

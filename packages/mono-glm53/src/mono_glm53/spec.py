@@ -9,15 +9,17 @@ Registration: the `sglang.srt.plugins` entry point `mono_glm53 =
 mono_glm53.plugin:register` calls `register(backend="amd",
 architecture="GlmMoeDsaForCausalLM", path="mono_glm53.spec:SPEC")`.
 
-Where refusals are stated. `Requirements` declares what the kernel is built for
-(dtype, the DSA decode attention backend, the server arguments, the HF config shape
-values and SGLang environment variables), and SGLang checks it in its own words
-("page_size 16 is not one of ['64']"). `config_disable_reasons` checks the same
-server arguments and environment again, to say which flag fixes each one ("page size
-16 is not 64: start the server with --page-size 64"), plus everything Requirements
-cannot state (the checkpoint's quantization config, scaled RoPE, the rotary table
-length, the DSA indexer kind, the captured graph sizes). So a refused server
-argument is listed twice, once in each wording; the second says what to pass.
+Where refusals are stated, each once. SGLang checks, in its own words that list the
+accepted values: the GPU's ISA (`devices`), the TP size (`DeviceLimits.tp_sizes`), the
+dtype and the decode attention backend (`Requirements`), the watchdog and the bitwise
+flags. Everything else is checked by `config_disable_reasons` (refusals.config_reasons),
+in words that name the flag, variable or config value to change ("page size 16 is not
+64: start the server with --page-size 64"): the server arguments (SERVER_ARGS), SGLang's
+environment variables (ENV), the HF config's shapes (HF_CONFIG), the refused-by-default
+SGLang features (FEATURES), mono's own environment variables, the checkpoint's
+quantization config, scaled RoPE, the rotary table length, the DSA indexer kind and the
+captured graph sizes. Those are not also given to SGLang, which would refuse them a second
+time in its generic words.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from sglang.kernels.plugin_kernels.amd.spec import (
     DeviceLimits,
+    Feature,
     MonoSpec,
     Numerics,
     NumericsKind,
@@ -45,6 +48,7 @@ SGLANG_READS = (
     "sglang.kernels.plugin_kernels.amd.spec.BuildContext",
     "sglang.kernels.plugin_kernels.amd.spec.MONOKERNEL_API_VERSION",
     "sglang.srt.server_args.ServerArgs#tp_size",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature",
 )
 
 NAME = "mono-glm53"
@@ -54,12 +58,30 @@ NAME = "mono-glm53"
 #: the decode capture sizes to them (binding.covered_capture_sizes), so a batch of 1
 #: replays the width-2 graph.
 WIDTHS = (2, 4, 8)
-#: TP sizes the kernel is built for, per ISA, and the widths each serves. GLM-5.3's
-#: FP8 weights (about 750 GB) need 8 H200s (141 GB) or 4 MI355X (288 GB).
+#: TP sizes the kernel serves, per ISA, and the widths it serves at each (the spec's
+#: DeviceLimits hold one width list per ISA, so `build` sends a routed step of a width
+#: missing here to SGLang's own forward). The kernel all-reduces inside the launch through
+#: peer buffers over SGLang's TP group (mono_common.peer); its TP 2/4/8 shards ran on the
+#: H200 with the ranks side by side in one launch (tests/kernels/test_layer_gpu.py), and
+#: tests/kernels/test_tp_processes_gpu.py runs them as separate rank processes.
+#: The caps, each with its reason:
+#: - gfx950, TP 4: widths 2 and 4. 8-row steps stay on SGLang's path, as the published gfx950
+#:   port (sgl-amd-mono's GLM-5.3 kernel) leaves them, because its launch lost to SGLang's
+#:   path there. Not measured here (no MI355X runs our kernel).
+#: - gfx950, TP 8: every width, as that port serves them. Not measured here.
+#: - sm_90, TP 8: every width: the launch beats the unfused path at each (H200, one TP8 rank's
+#:   shard, ctx 4096: width 2 306 us, 5.6x faster; width 8 430 us, 16x faster;
+#:   bench/results/h200_session9).
+#: - sm_90, TP 4: every width, as at TP 8 (not timed at TP 4). GLM-5.3's FP8 weights (about
+#:   750 GB) do not fit 4 H200s (141 GB each), so SGLang's load runs out of memory before the
+#:   kernel runs; the size is listed because the kernel does serve its shard, so the limit a
+#:   user meets is the true one, memory.
+#: TP 1 and 2 are not listed: GLM-5.3's FP8 weights fit on two GPUs of neither type.
 WIDTHS_BY_TP = {
-    "gfx950": {4: WIDTHS, 8: WIDTHS},
-    "sm_90": {8: WIDTHS},
+    "gfx950": {4: (2, 4), 8: WIDTHS},
+    "sm_90": {4: WIDTHS, 8: WIDTHS},
 }
+
 #: The CUs (MI355X) or SMs (H200) the persistent grid needs: SGLang refuses a partitioned GPU
 #: with fewer. The grid is `kernels.layer.PROGRAMS_PER_SM` programs on each (1 a CU, 2 an SM).
 RESIDENT_BLOCKS = {"gfx950": 256, "sm_90": 132}
@@ -126,12 +148,19 @@ ENV = {
     **{name: False for name in _r.ROUTING_OVERRIDE_ENVS},
 }
 
+#: SGLang checks dtypes and the decode attention backend in its own words, which list the
+#: accepted values (and checks the backend again on the first routed step). SERVER_ARGS, ENV
+#: and HF_CONFIG are checked by `config_disable_reasons` alone, in words that name the flag,
+#: variable or config to change: given to SGLang as well, each would be refused twice.
 REQUIREMENTS = Requirements(
     dtypes=frozenset({"bfloat16"}),
     attention_backends=_r.ATTENTION_BACKENDS,
-    server_args=SERVER_ARGS,
-    hf_config=HF_CONFIG,
-    env=ENV,
+)
+
+#: SGLang's refused-by-default features that `config_disable_reasons` refuses itself, in
+#: words naming the flag to drop (refusals.FEATURES); SGLang still refuses any other.
+FEATURES = frozenset(
+    Feature[name] for name in (*_r.FEATURES, *_r.FEATURES_COVERED_BY) if name in Feature.__members__
 )
 
 #: Check-mode bounds, `<launch>.<output>.<metric>`: launch "layer" is one covered
@@ -162,7 +191,7 @@ NUMERICS = Numerics(
 
 def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """Before load, in the launcher: every reason this server is refused, at once."""
-    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all(), hf_values=HF_CONFIG)
 
 
 def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:
@@ -180,7 +209,7 @@ def build(model: Any, hf_config: Any, context: Any) -> Any:
 SPEC = MonoSpec(
     name=NAME,
     devices=DEVICES,
-    features=frozenset(),
+    features=FEATURES,
     requires=REQUIREMENTS,
     numerics=NUMERICS,
     model_disable_reasons=model_disable_reasons,

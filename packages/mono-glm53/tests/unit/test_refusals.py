@@ -85,18 +85,8 @@ def reasons_for(cfg=None, hf=None, isa="sm_90", dtype="bfloat16"):
 def registered(monkeypatch):
     monkeypatch.setattr(amd_spec, "_REGISTRY", {})
     amd_spec.register(backend="amd", architecture=ARCHITECTURE, path=SPEC_PATH)
-    # The layer kernel refuses TP > 1 until its all-reduce is wired (tested below); the
-    # other refusals are shown on the reference layer, which reduces through SGLang.
-    monkeypatch.setenv("MONO_GLM53_LAYER", "reference")
-
-
-@pytest.mark.parametrize("isa", ["sm_90", "gfx950"])
-def test_kernel_layer_refuses_tp_above_one_until_its_all_reduce_is_wired(isa, monkeypatch):
-    monkeypatch.delenv("MONO_GLM53_LAYER")
-    _, reasons = reasons_for(isa=isa)
-    assert len(reasons) == 1, reasons
-    assert "tp_size 8" in reasons[0] and "does not yet reduce across TP ranks" in reasons[0]
-    assert "serve without --enable-amd-monokernel" in reasons[0]
+    # the default launcher (the kernel); the TP sizes per ISA: test_tp_sizes.py
+    monkeypatch.delenv("MONO_GLM53_LAYER", raising=False)
 
 
 @pytest.mark.parametrize("isa", ["sm_90", "gfx950"])
@@ -104,12 +94,6 @@ def test_good_config_has_no_reason(isa):
     spec, reasons = reasons_for(isa=isa)
     assert spec is not None and spec.name == "mono-glm53"
     assert reasons == []
-
-
-def test_gfx950_takes_tp4_and_sm90_does_not():
-    assert reasons_for(good_cfg(tp_size=4), isa="gfx950")[1] == []
-    _, reasons = reasons_for(good_cfg(tp_size=4), isa="sm_90")
-    assert reasons == ["tp_size 4 is not one of ['8']"]
 
 
 def _one(reasons, needle):
