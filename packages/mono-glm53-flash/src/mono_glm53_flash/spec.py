@@ -1,0 +1,193 @@
+"""GLM-5.3-Flash's `MonoSpec`: what SGLang 0.5.23's `--enable-amd-monokernel` binding reads.
+
+NOT REGISTERED. No layer kernel exists yet, so the package declares no `sglang.srt.plugins`
+entry point and nothing calls `register(...)` with this spec; `HAS_SPEC` stays False. The
+spec exists so its refusals can be shown through SGLang's own `monokernel_disable_reasons`
+(tests register it by hand in a throwaway registry). Were it registered anyway, its first
+refusal says there is no kernel, and `build` raises.
+
+SGLang imports a spec module in its launcher and on every TP rank, so importing this one is
+cheap: msgspec and SGLang's spec module only; the refusals import torch and SGLang's runtime
+when SGLang calls them.
+
+Launches. A covered layer (3..43) is one launch of one of two kinds: "kda" (30 layers) or
+"mla" (the 11 sparse-attention layers), at TP 2, 4 or 8, for steps of 1, 2, 4 or 8 rows, on
+gfx950 (MI355X, 256 CUs) and sm_90 (H200, 132 SMs).
+
+Where refusals are stated. `Requirements` declares the model's identity (dtype, the DSA
+decode backend, the HF config's shape values), which SGLang checks in its own words
+("config.hidden_size 6144 is not 4096"). Everything a server flag or environment variable
+fixes is checked by `config_disable_reasons` alone, so that each reason appears once and
+names its fix ("page size 64 is not 256: ... start the server with --page-size 256").
+`model_disable_reasons` checks the loaded weights after load, on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.kernels.plugin_kernels.amd.spec import (
+    DeviceLimits,
+    MonoSpec,
+    Numerics,
+    NumericsKind,
+    Requirements,
+)
+
+from mono_common.sglang_compat import MONOKERNEL_API_VERSION
+from mono_glm53_flash import ARCHITECTURE
+from mono_glm53_flash import refusals as _r
+
+SGLANG_READS = (
+    "sglang.kernels.plugin_kernels.amd.spec.MonoSpec",
+    "sglang.kernels.plugin_kernels.amd.spec.DeviceLimits",
+    "sglang.kernels.plugin_kernels.amd.spec.Requirements",
+    "sglang.kernels.plugin_kernels.amd.spec.Numerics",
+    "sglang.kernels.plugin_kernels.amd.spec.NumericsKind.TOLERANCE",
+    "sglang.kernels.plugin_kernels.amd.spec.MONOKERNEL_API_VERSION",
+    "sglang.srt.kernel_plugins.amd.binding.device_isa",
+    "sglang.srt.runtime_context.get_parallel",
+    "sglang.srt.server_args.ServerArgs#tp_size",
+)
+
+NAME = "mono-glm53-flash"
+SPEC_PATH = "mono_glm53_flash.spec:SPEC"
+
+#: Step rows (batch size x tokens a request) a launch serves: the published gfx950 port
+#: covers 1 to 8 rows, and SGLang aligns the decode capture sizes to these widths
+#: (binding.covered_capture_sizes), so a batch of 3 replays the width-4 graph.
+WIDTHS = (1, 2, 4, 8)
+#: TP sizes per ISA and the widths each serves. The MXFP4 experts fit TP 2 on either.
+WIDTHS_BY_TP = {isa: {2: WIDTHS, 4: WIDTHS, 8: WIDTHS} for isa in ("gfx950", "sm_90")}
+#: CUs (MI355X) or SMs (H200) of the persistent grid; SGLang refuses a partitioned GPU with fewer.
+RESIDENT_BLOCKS = {"gfx950": 256, "sm_90": 132}
+
+DEVICES = {
+    isa: DeviceLimits(widths=WIDTHS, tp_sizes=tuple(sorted(WIDTHS_BY_TP[isa])), resident_blocks=RESIDENT_BLOCKS[isa])
+    for isa in ("gfx950", "sm_90")
+}
+
+
+def widths_by_tp_all() -> dict[int, tuple[int, ...]]:
+    """TP size -> widths, merged over ISAs (the launcher's refusals do not know the ISA)."""
+    merged: dict[int, set[int]] = {}
+    for table in WIDTHS_BY_TP.values():
+        for tp, widths in table.items():
+            merged.setdefault(tp, set()).update(widths)
+    return {tp: tuple(sorted(w)) for tp, w in merged.items()}
+
+
+#: HF config values the kernel is compiled for (exact; SGLang reads them with getattr on the
+#: top-level `Glm5NextConfig`, which hands text_config's attributes through). index_n_heads
+#: is GLM-5.3's 32: SGLang's code does not fix GLM-5.3-Flash's (see config.py).
+HF_CONFIG = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 45,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 64,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 256,
+    "qk_rope_head_dim": 0,
+    "v_head_dim": 256,
+    "n_routed_experts": 288,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "linear_num_heads": 64,
+    "linear_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "index_topk": 2048,
+    "index_head_dim": 128,
+    "index_n_heads": 32,
+}
+
+REQUIREMENTS = Requirements(
+    dtypes=frozenset({"bfloat16"}),
+    attention_backends=_r.ATTENTION_BACKENDS,
+    hf_config=HF_CONFIG,
+)
+
+#: Check-mode bounds, `<launch>.<output>.<metric>`, for the two launch kinds. Outputs: the mHC
+#: streams a launch hands the next layer ([T, 16384] bf16); a KDA launch's state rows (the
+#: fp32 recurrent state [64/tp, 128, 128] and the bf16 conv window of the step's slots); an
+#: MLA launch's cache rows (the 512-value KV row of the new token, the pooled index key it
+#: closes, dequantised, and the compress-tail row it writes). No kernel exists yet: the
+#: values are the GLM-5.3 kernel's measured-and-kept bounds carried over (streams cosine
+#: 0.999 and rel 0.05, a KV row cosine 0.9999, an index key cosine 0.999 and rel 0.07 = one
+#: e4m3 step of a flipped rounding); the state bounds allow the kernel's fp32 sums in another
+#: order (a relative 1e-3 of the state's largest element, cosine 0.99999), the conv and tail
+#: rows are copies of a bf16 projection output whose GEMM order may move one bf16 ulp (rel
+#: 2 ** -7). The first kernel run on the H200 must confirm or tighten them.
+NUMERICS = Numerics(
+    kind=NumericsKind.TOLERANCE,
+    bounds={
+        "kda.streams.cosine": 0.999,
+        "kda.streams.rel": 0.05,
+        "kda.state.cosine": 0.99999,
+        "kda.state.rel": 1e-3,
+        "kda.conv.rel": 2**-7,
+        "mla.streams.cosine": 0.999,
+        "mla.streams.rel": 0.05,
+        "mla.kv.cosine": 0.9999,
+        "mla.kv.rel": 0.02,
+        "mla.index_k.cosine": 0.999,
+        "mla.index_k.rel": 0.07,
+        "mla.tail.rel": 2**-7,
+    },
+)
+
+
+def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
+    """Before load, in the launcher: every reason this server is refused, at once."""
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+
+
+def _rank_facts() -> tuple[int, str | None]:
+    """This rank's TP size and ISA (1 and None outside a running server)."""
+    try:
+        from sglang.srt.kernel_plugins.amd.binding import device_isa
+        from sglang.srt.runtime_context import get_parallel
+
+        return int(get_parallel().tp_size), device_isa()
+    except Exception:  # noqa: BLE001 - no runtime context: check the whole-model shapes
+        return 1, None
+
+
+def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:
+    """After load, on every rank: every reason the loaded model is refused, at once."""
+    tp, isa = _rank_facts()
+    return _r.model_reasons(model, hf_config, copies, tp_size=tp, isa=isa)
+
+
+def build(model: Any, hf_config: Any, context: Any) -> Any:
+    """No kernel yet: SGLang only reaches this if every refusal was bypassed."""
+    raise NotImplementedError(
+        "mono-glm53-flash ships no GLM-5.3-Flash layer kernel yet: serve without --enable-amd-monokernel"
+    )
+
+
+SPEC = MonoSpec(
+    name=NAME,
+    devices=DEVICES,
+    features=frozenset(),
+    requires=REQUIREMENTS,
+    numerics=NUMERICS,
+    model_disable_reasons=model_disable_reasons,
+    build=build,
+    api_version=MONOKERNEL_API_VERSION,
+    config_disable_reasons=config_disable_reasons,
+)
+
+__all__ = ["ARCHITECTURE", "NUMERICS", "SPEC", "SPEC_PATH", "WIDTHS", "WIDTHS_BY_TP"]
