@@ -1,6 +1,7 @@
 """Peer-buffer layout and the size handshake, with fake ranks (no torch.distributed)."""
 
 import ctypes
+import os
 import threading
 
 import pytest
@@ -281,3 +282,38 @@ def test_find_loaded_library_reads_the_maps():
             "7f40-7f50 rw-p 00000000 00:00 0 \n")
     assert find_loaded_library("libcudart", maps) == "/venv/my env/lib/libcudart.so.13"
     assert find_loaded_library("libamdhip64", maps) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the same handshake and exchange between real rank PROCESSES over a gloo group (the CPU
+# collective a server's TP CPU group provides), with a host-memory runtime
+
+
+_CHILD = os.path.join(os.path.dirname(__file__), "peer_process_child.py")
+
+
+def test_processes_exchange_their_pools_over_gloo():
+    pytest.importorskip("torch")
+    from mono_common.testing.ranks import run_ranks
+
+    res = run_ranks(_CHILD, 3, "same", timeout_s=240)
+    assert all(r["exit"] == 0 and "tables" in r for r in res), [r.get("log") for r in res]
+    for name in ("mbox", "flags", "mono.guard.abort"):
+        want = [r["local"][name] for r in res]  # each rank's own address, in its own process
+        assert all(r["tables"][name] == want for r in res), name
+    assert all(r["mallocs"] == 2 for r in res)  # one pool per kind
+
+
+@pytest.mark.parametrize("bad", ["size", "order"])
+def test_processes_with_different_requests_all_fail_at_once_with_each_ranks_sizes(bad):
+    pytest.importorskip("torch")
+    from mono_common.testing.ranks import run_ranks
+
+    res = run_ranks(_CHILD, 3, bad, timeout_s=240)
+    assert all(r["exit"] == 0 and "error" in r for r in res), [r.get("log") for r in res]
+    msgs = {r["error"] for r in res}
+    assert len(msgs) == 1, "every rank must raise the same error"
+    msg = msgs.pop()
+    assert all(f"rank {q}:" in msg for q in range(3))
+    assert "<- differs from rank 0" in msg.split("rank 1:")[1].splitlines()[0]
+    assert all(r["mallocs"] == 0 for r in res), "no rank allocates after a failed handshake"
