@@ -43,6 +43,16 @@ SGLANG_READS = (
 )
 
 
+#: Bounds SGLang's `Numerics` cannot name (it takes cosine, max_abs and rel only), checked
+#: beside the spec's NUMERICS: the stream's relative error ||mono - sglang|| / ||sglang||,
+#: which a cosine cannot see when an error scales the whole output. 0.05 is the kernel's own
+#: bound on the layer output against the reference (mono_glm53.kernels.numerics:
+#: glm53_layer.hidden.rel_l2_max; CPU worst 0.034); the stream adds the residual to it, whose
+#: error is smaller (0.0025 on the CPU). Not measured against SGLang's own layer: no machine
+#: here serves SGLang with the checkpoint.
+REL_L2_BOUNDS: dict[str, float] = {"layer.stream.rel_l2": 0.05}
+
+
 def check_enabled() -> bool:
     return os.environ.get(CHECK_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
@@ -83,7 +93,7 @@ class CheckHook:
 
         self.model = model
         self.hf_config = hf_config
-        self.bounds = dict(bounds if bounds is not None else NUMERICS.bounds)
+        self.bounds = dict(bounds if bounds is not None else {**NUMERICS.bounds, **REL_L2_BOUNDS})
         self.index_head_dim = int(getattr(hf_config, "index_head_dim", 128))
         self.violations: list[tuple[int, Violation]] = []
         self.layers_checked = 0

@@ -137,10 +137,27 @@ def layer_caches(pool: Any, layer_id: int) -> LayerCaches:
     )
 
 
+def report_mode_refusal(check_mode: bool) -> str | None:
+    """Why the guard's report mode cannot serve, or None. In report mode a stopped launch
+    returns and only a host `guard.check()` (a device sync) tells; this forward never syncs
+    (graphs replay without Python), so the step would go on with the previous step's outputs.
+    Check mode (eager) is the exception: there every launch is checked before its outputs are
+    used (`GlmLayerKernel.launch` checks the guard after each launch in report mode)."""
+    from mono_common.guard_host import MODE_ENV, resolve_mode
+
+    if resolve_mode() == "report" and not check_mode:
+        return (f"{MODE_ENV}=report: a stopped launch would hand the next layer stale outputs, since a "
+                "served step never reads the device on the host; unset it (fault mode stops the process "
+                "on a failed wait) or run check mode (SGLANG_AMD_MONO_CHECK=1, eager), which checks "
+                "every launch")
+    return None
+
+
 class GlmMonoForward:
     """The built object's forward (see the module doc). `layer_hook`, when set (check
     mode), wraps every covered launch: hook(layer_id, run, hidden, residual, step, caches,
-    prev_topk, forward_batch, positions) -> the same triple."""
+    prev_topk, forward_batch, positions) -> the same triple. Refuses the guard's report mode
+    outside check mode (`report_mode_refusal`)."""
 
     def __init__(
         self,
@@ -151,6 +168,9 @@ class GlmMonoForward:
         input_context: Callable[[Any], Any] | None = None,
         layer_hook: Callable[..., Any] | None = None,
     ):
+        refused = report_mode_refusal(check_mode=layer_hook is not None)
+        if refused:
+            raise ValueError(f"mono-glm53: {refused}")
         self.model = model
         self.launcher = launcher
         self.covered = tuple(covered)

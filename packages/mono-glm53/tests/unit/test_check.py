@@ -90,6 +90,8 @@ def test_every_out_of_bound_value_is_logged(monkeypatch, caplog):
     for layer in (3, 4):
         assert (layer, "layer.kv.cosine") in bounds and (layer, "layer.kv.rel") in bounds
         assert (layer, "layer.stream.rel") in bounds
+        # the relative error SGLang's Numerics cannot name, checked beside it (check.REL_L2_BOUNDS)
+        assert (layer, "layer.stream.rel_l2") in bounds
     assert not any(v.bound.startswith("layer.index_k") for _, v in hook.violations)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mono-glm53 check:")]
     assert len(logged) == len(hook.violations)

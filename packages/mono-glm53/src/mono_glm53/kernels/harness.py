@@ -25,6 +25,13 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a @ b) / (a.norm() * b.norm()).clamp_min(1e-30))
 
 
+def _rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b||: the error's share of the reference's norm (a cosine cannot see an
+    error that scales the whole output; this reads 0.01 for a 1 % scale)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
 @dataclasses.dataclass
 class Case:
     s: GlmLayerShape
@@ -39,9 +46,22 @@ class Case:
 
 
 def build_case(s: GlmLayerShape, rows: int, ctx: int, indexer: bool = True, device="cpu",
-               seed: int = 0, weights=None) -> Case:
+               seed: int = 0, weights=None, ctxs=None) -> Case:
+    """`rows` rows of context `ctx` each, or of the contexts `ctxs` (one per row, very
+    different ones in one step: row i decodes position ctxs[i] - 1; `ctx` is then their max)."""
     w = weights if weights is not None else make_weights(s, device=device, seed=seed)
+    if ctxs is not None:
+        if len(ctxs) != rows or min(ctxs) < 1:
+            raise ValueError(f"ctxs {ctxs} must give each of the {rows} rows a context >= 1")
+        ctx = max(ctxs)
     inputs, caches = make_caches(s, rows, ctx, device=device, seed=seed + 1, index_k=indexer)
+    if ctxs is not None:
+        # every row's page table holds `ctx` tokens; a shorter row uses its first pages
+        lens = torch.tensor(ctxs, dtype=torch.int64, device=device)
+        rows_ix = torch.arange(rows, device=device)
+        inputs = dataclasses.replace(
+            inputs, positions=lens - 1, seq_lens=lens.to(inputs.seq_lens.dtype),
+            out_cache_loc=inputs.req_to_token[rows_ix, lens - 1].long())
     g = torch.Generator(device=device).manual_seed(seed + 2)
     hidden = torch.randn(rows, s.hidden, generator=g, device=device).to(torch.bfloat16)
     residual = (torch.randn(rows, s.hidden, generator=g, device=device) * 4).to(torch.bfloat16)
@@ -51,7 +71,8 @@ def build_case(s: GlmLayerShape, rows: int, ctx: int, indexer: bool = True, devi
         k = s.index_topk
         prev = torch.full((rows, k), -1, dtype=torch.int32, device=device)
         for r in range(rows):
-            perm = torch.randperm(ctx, generator=g, device=device)[: min(k, ctx)]
+            n = ctx if ctxs is None else ctxs[r]
+            perm = torch.randperm(n, generator=g, device=device)[: min(k, n)]
             prev[r, : perm.numel()] = perm.to(torch.int32)
     return Case(s, w, inputs, caches, hidden, residual, prev, indexer, rows)
 
@@ -92,8 +113,10 @@ def compare(c: Case, r_out, r_caches, k_out, k_caches, k: GlmLayerKernel | None 
     rows_ok = same if (same or by_h2) else list(range(n))
     if rows_ok:
         m["glm53_layer.hidden.cosine_min"] = min(_cos(out[i], r_out.hidden[i]) for i in rows_ok)
+        m["glm53_layer.hidden.rel_l2_max"] = max(_rel_l2(out[i], r_out.hidden[i]) for i in rows_ok)
     m["glm53_layer.routing.flipped_rows"] = float(n - len(same))
     m["glm53_layer.residual.cosine_min"] = _cos(res[:n], r_out.residual)
+    m["glm53_layer.residual.rel_l2_max"] = max(_rel_l2(res[i], r_out.residual[i]) for i in range(n))
     loc = c.inputs.out_cache_loc
     kv_k = k_caches.kv.view(-1, s.kv_cache_dim)
     kv_r = r_caches.kv.view(-1, s.kv_cache_dim)
@@ -178,8 +201,9 @@ def conditioned(c: Case, r_out, k_out, k_caches, k: GlmLayerKernel) -> dict[str,
       * h2.cosine_min: the post-attention norm output (the router/expert input);
       * routing_given_h2.tie_gap_max: the reference's biased top-k on the kernel's h2 picks
         the kernel's experts, up to fp32 ties;
-      * moe_given_h2.cosine_min: the kernel's layer output against the reference MoE run on
-        the kernel's h2 (single rank: no all-reduce in between)."""
+      * moe_given_h2.cosine_min / rel_l2_max: the kernel's layer output against the reference
+        MoE run on the kernel's h2 (single rank: no all-reduce in between); the relative error
+        catches what a cosine cannot (a wrong weight scale scales the output)."""
     s, n, w = c.s, c.rows, c.w
     m: dict[str, float] = {}
     if c.indexer:
@@ -218,6 +242,7 @@ def conditioned(c: Case, r_out, k_out, k_caches, k: GlmLayerKernel) -> dict[str,
     m["glm53_layer.routing_given_h2.tie_gap_max"] = max(
         _tie_gap(b[i], ke[i], {int(e) for e in ids[i]}) for i in range(n))
     m["glm53_layer.moe_given_h2.cosine_min"] = min(_cos(k_out[0][i], out_c[i]) for i in range(n))
+    m["glm53_layer.moe_given_h2.rel_l2_max"] = max(_rel_l2(k_out[0][i], out_c[i]) for i in range(n))
     return m
 
 
@@ -242,12 +267,14 @@ def _merge(metrics: dict[str, float], new: dict[str, float]) -> None:
 
 def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
              modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
-             delay: int = 0, weights=None, ks_rule: str = "first") -> dict[str, float]:
+             delay: int = 0, weights=None, ks_rule: str = "first", ctxs=None) -> dict[str, float]:
     """Metrics of every mode in `modes` vs the reference (and fused vs staged when both run).
-    `ks_rule`: the kernel's split-K rule (`layer._pick_ks`).
+    `ks_rule`: the kernel's split-K rule (`layer._pick_ks`). `ctxs`: one context length per
+    row (`build_case`; the kernel is built for the longest).
     Mode "fused+delay" is the fused launch with random per-program stage delays; it is
     compared bit for bit with "fused" as glm53_layer.delay_vs_fused.max_abs."""
-    c = build_case(s, rows, ctx, indexer, device, seed, weights=weights)
+    c = build_case(s, rows, ctx, indexer, device, seed, weights=weights, ctxs=ctxs)
+    ctx = int(c.inputs.max_seq_len) if ctxs is not None else ctx
     r_out, r_caches = reference_out(c)
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device,
                        ks_rule=ks_rule)
@@ -312,8 +339,9 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     glm53_layer.tp_ranks_equal.max_abs (every rank must hold the same output bits).
 
     expect_stop: a fault is injected (MONO_GLM53_FAULT); every rank must stop at its deadline
-    or on the abort flag with the error word written: returns {"stopped": 1.0, "message": ...}
-    instead of metrics."""
+    or on the abort flag with the error word written: returns {"stopped": 1.0, "message": ...,
+    "words": every rank's decoded error word (None where a rank wrote none)} instead of
+    metrics (the launch raises: the guard is in report mode, checked after the launch)."""
     from mono_common.errors import MonoDeviceError
     from mono_common.guard_host import Guard
     from mono_common.peer import allocate_local
@@ -341,14 +369,17 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     first = None  # rank 0's outputs without delays, compared with the delayed launch
     for mode_delay in (0, delay) if delay else (0,):
         torch.cuda.synchronize()
-        launch_side_by_side(ks, k_caches, delay=mode_delay)
-        torch.cuda.synchronize()
         if expect_stop:
+            from mono_common.errors import decode
+
             try:
+                launch_side_by_side(ks, k_caches, delay=mode_delay)
                 guard.check()
             except MonoDeviceError as e:
-                return {"stopped": 1.0, "message": str(e)}
+                return {"stopped": 1.0, "message": str(e), "words": [decode(w) for w in guard.words()]}
             return {"stopped": 0.0}
+        launch_side_by_side(ks, k_caches, delay=mode_delay)
+        torch.cuda.synchronize()
         guard.check()
         outs = [(k.out.clone(), k.res_out.clone(), k.topk.clone()) for k in ks]
         for r in range(world):
@@ -359,6 +390,8 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
         moe_c = ref.all_reduce_sum(parts)
         cos = min(_cos(outs[0][0][i], moe_c[i]) for i in range(rows))
         metrics["glm53_layer.moe_given_h2.cosine_min"] = min(metrics.get("glm53_layer.moe_given_h2.cosine_min", 1.0), cos)
+        rel = max(_rel_l2(outs[0][0][i], moe_c[i]) for i in range(rows))
+        metrics["glm53_layer.moe_given_h2.rel_l2_max"] = max(metrics.get("glm53_layer.moe_given_h2.rel_l2_max", 0.0), rel)
         if first is not None:
             metrics["glm53_layer.delay_vs_fused.max_abs"] = max(
                 float((a.float() - b.float()).abs().max()) for a, b in zip(outs[0], first))
@@ -375,13 +408,42 @@ def _capture_fused(k: GlmLayerKernel, caches) -> torch.cuda.CUDAGraph:
     return capture(lambda: k.launch(caches, "fused"))
 
 
+def replay_check(k: GlmLayerKernel, caches, replay, step_inputs, replays: int, check_every: int,
+                 modes=("fused", "staged")) -> dict[str, float]:
+    """The staged comparison of a replayed launch: `replays` times, `step_inputs(i)` writes new
+    inputs into `k`'s static buffers and `replay()` runs the launch under test (a CUDA graph's
+    replay); every `check_every` replays its outputs (out, res_out, topk) are compared bit for
+    bit with an eager launch of each mode in `modes` on the same inputs (the eager fused launch
+    and the eager staged one: fused, staged and replay must agree to the bit, NUMERICS'
+    fused_vs_staged and graph_replay_vs_eager). Returns the worst difference of each and the
+    number of checks."""
+    worst = {m: 0.0 for m in modes}
+    checks = 0
+    for i in range(replays):
+        step_inputs(i)
+        replay()
+        if (i + 1) % check_every == 0:
+            got = (k.out.clone(), k.res_out.clone(), k.topk.clone())
+            for mode in modes:
+                k.launch(caches, mode)
+                worst[mode] = max(worst[mode], max(float((a.float() - b.float()).abs().max())
+                                                   for a, b in zip(got, (k.out, k.res_out, k.topk))))
+            checks += 1
+    out = {"checks": checks, "replays": replays}
+    if "fused" in worst:
+        out["glm53_layer.graph_replay_vs_eager.max_abs"] = worst["fused"]
+    if "staged" in worst:
+        out["glm53_layer.graph_replay_vs_staged.max_abs"] = worst["staged"]
+    return out
+
+
 def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 1000,
                        check_every: int = 100, device="cuda", seed: int = 0, weights=None) -> dict[str, float]:
     """Capture one fused launch in a CUDA graph and replay it `replays` times with new inputs
     (hidden, residual, positions / seq_lens / out_cache_loc alternating between two context
     lengths) written into the static buffers; every `check_every` replays the graph's output
-    must equal an eager fused launch on the same inputs bit for bit, and the eager staged
-    launch within the NUMERICS stream bound. Returns {max_abs vs eager, replays, checks}."""
+    must equal an eager fused launch AND an eager staged launch on the same inputs bit for bit
+    (`replay_check`). Returns {max_abs vs eager fused, vs eager staged, replays, checks}."""
     c = build_case(s, width, ctx, True, device, seed, weights=weights)
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, device=device)
     caches = ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
@@ -389,25 +451,19 @@ def graph_replay_check(s: GlmLayerShape, width: int, ctx: int, replays: int = 10
     g = _capture_fused(k, caches)
     gen = torch.Generator(device=device).manual_seed(seed + 7)
     rtt = c.inputs.req_to_token
-    worst = 0.0
-    checks = 0
-    for i in range(replays):
+
+    def step_inputs(i):
         n = ctx - (i % 2)  # alternate the context length
         k.x.copy_(torch.randn(width, s.hidden, generator=gen, device=device).bfloat16())
         k.res.copy_(torch.randn(width, s.hidden, generator=gen, device=device).bfloat16())
         k.seqlen.fill_(n)
         k.pos.fill_(n - 1)
         k.loc.copy_(rtt[c.inputs.req_pool_indices, n - 1].long())
-        g.replay()
-        if (i + 1) % check_every == 0:
-            got = (k.out.clone(), k.res_out.clone(), k.topk.clone())
-            k.launch(caches, "fused")
-            exp = (k.out, k.res_out, k.topk)
-            worst = max(worst, max(float((a.float() - b.float()).abs().max()) for a, b in zip(got, exp)))
-            checks += 1
+
+    r = replay_check(k, caches, g.replay, step_inputs, replays, check_every)
     torch.cuda.synchronize()
     k.guard.check()
-    return {"glm53_layer.graph_replay_vs_eager.max_abs": worst, "replays": replays, "checks": checks}
+    return r
 
 
 def captured_table_check(s: GlmLayerShape, width: int, ctx: int, device="cuda", seed: int = 0,

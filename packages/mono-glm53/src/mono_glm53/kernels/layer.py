@@ -19,9 +19,20 @@ per layer, since each layer's weights and caches differ); the host checks each t
 and 16-byte alignment against its slot. Launches compile with no AMD buffer ops and maxnreg
 255 on CUDA (`launch_options`): see tests/compile for the resources this gives.
 
-Grid: `nprog` programs, by default `PROGRAMS_PER_SM` per SM or CU (`default_nprog`); the fused
-launch is cooperative where Triton supports it, so an oversized grid fails at launch instead of
-deadlocking. Staged mode launches the same kernel once per stage with the same grid.
+Grid: `nprog` programs, by default `PROGRAMS_PER_SM` per SM or CU (`default_nprog`). Whether the
+fused launch is cooperative is decided once per object by a capability check
+(`cooperative_launch_supported`: the Triton backend's options have `launch_cooperative_grid`):
+a cooperative launch of a grid that cannot be co-resident is refused by the driver; a plain
+one (cooperative=False, or no such option) is first checked on the host against the compiled
+kernel's registers, shared memory and warps (`check_co_resident`) and refused with a message.
+Compile and launch errors are never caught. Staged mode launches the same kernel once per stage
+with the same grid.
+
+Failure: in report mode (MONO_GUARD_MODE=report: tests, check mode) every launch is followed by
+`guard.check()`, so a stopped launch raises MonoDeviceError before its outputs are returned;
+after a stop the object refuses to launch until `recover()` (its counters are out of step).
+In fault mode a stopped launch kills the process. A server refuses report mode outside check
+mode (`mono_glm53.forward.report_mode_refusal`).
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ import struct
 
 import torch
 
+from mono_common.stages.gemv import span_slots
 from mono_common.triton_knobs import amd_buffer_ops
 from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
@@ -83,6 +95,12 @@ class Plan:
     BNR: int
     KSR: int
     KSG: int
+    BNS: int  # column tile of the stream-K GEMVs (q_a/kv_a, q_b, index wq_b, o_proj)
+    PER1: int  # their (column tile, K block) items a program
+    PER3: int
+    PERQ: int
+    PER9: int
+    DOTF: int  # their MMA form (mono_common.stages.gemv DOT_*)
     BND: int
     CT: int
     HG: int
@@ -99,6 +117,9 @@ class Plan:
 
 
 KS_RULES = ("first", "balanced")
+BNS = 128
+# The MMA form of the stream-K GEMVs: swap-AB with both operands e4m3 (mono_common.stages.gemv)
+DOT_WX_FP8 = 2
 
 
 def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16, rule: str = "first") -> int:
@@ -121,21 +142,30 @@ def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16, rule: str = 
 
 def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: str = "first") -> Plan:
     """Tiling for shape `s` at `width` rows on `nprog` programs: every GEMV split so that its
-    tiles cover the grid (bandwidth needs every SM streaming weights); `ks_rule` picks the
-    split-K factors of the dense GEMVs (qkv_a, the indexer's wk, q_b and o_proj; `_pick_ks`)."""
+    tiles cover the grid (bandwidth needs every SM streaming weights): the dense FP8 GEMVs
+    (q_a/kv_a, q_b, the indexer's wq_b, o_proj) as stream-K spans, the others as split-K tiles;
+    `ks_rule` picks the split-K factor of the indexer's wk (`_pick_ks`)."""
     blk = s.block
     bn = min(64, blk)
     hb = s.hidden // blk
     nqkv = s.qkv_a_out
     nh = s.heads_per_rank
     i_l = s.moe_inter_per_rank
-    ks1 = _pick_ks(_cdiv(nqkv, bn), hb, nprog, rule=ks_rule)
     ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, max(1, nprog // 8), rule=ks_rule)
     nqb = nh * s.qk_head
     niq = s.index_heads * s.index_head_dim
-    ks3 = _pick_ks(_cdiv(nqb, bn) + _cdiv(niq, bn), s.q_lora // blk, nprog, rule=ks_rule)
-    ksq = ks3
-    ks9 = _pick_ks(_cdiv(s.hidden, bn), (nh * s.v_head) // blk, nprog, rule=ks_rule)
+    # The dense FP8 GEMVs stream-K: every program reads the same bytes (one span of PER
+    # (column tile, K block) items), the partials of a column land in KS* slots. On the H200
+    # (mono bench stages, session 10) the [2624 x 6144] GEMV took 23.5 us as 64-column split-K
+    # tiles with bf16 MMAs and 10.2 us as 128-column spans on e4m3 MMAs (swap-AB).
+    per1 = _cdiv(_cdiv(nqkv, BNS) * hb, nprog)
+    per3 = _cdiv(_cdiv(nqb, BNS) * (s.q_lora // blk), nprog)
+    perq = _cdiv(_cdiv(niq, BNS) * (s.q_lora // blk), nprog)
+    per9 = _cdiv(_cdiv(s.hidden, BNS) * ((nh * s.v_head) // blk), nprog)
+    ks1 = span_slots(s.hidden, blk, per1)
+    ks3 = span_slots(s.q_lora, blk, per3)
+    ksq = span_slots(s.q_lora, blk, perq)
+    ks9 = span_slots(nh * s.v_head, blk, per9)
     bnr = max(16, min(32, s.n_experts))  # tl.dot needs N >= 16 (masked)
     ksr = _pick_ks(_cdiv(s.n_experts, bnr), hb, nprog // 2, cap=8)
     nslot = 1 + min(s.n_experts, width * s.top_k)
@@ -154,7 +184,8 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
         PG=s.page, HB=s.hidden & -s.hidden if (s.hidden & -s.hidden) <= 2048 else 2048, NSLOT=nslot, INDEXER=bool(indexer), IDX_FUSED=bool(s.indexer_fused),
         HADAMARD=bool(s.indexer_hadamard), MLA_NEOX=not s.rope_interleave,
         IDX_NEOX=not s.indexer_rope_interleave, BN=bn, KS1=ks1, KSI=ksi, KS3=ks3, KSQ=ksq,
-        KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=min(32, s.page),
+        KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BNS=BNS, PER1=per1, PER3=per3, PERQ=perq, PER9=per9,
+        DOTF=DOT_WX_FP8, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=min(32, s.page),
     )
 
 
@@ -258,10 +289,69 @@ def default_nprog(device) -> int:
     return int(os.environ.get("MONO_GLM53_INTERP_PROGRAMS", "3"))
 
 
+def cooperative_launch_supported(device) -> bool:
+    """Whether this Triton launches a grid cooperatively on `device`: its backend's compile
+    options have `launch_cooperative_grid` (Triton 3.6 and 3.8, CUDA and HIP, do). This is the
+    one place the choice is made; nothing is inferred from a launch that raised."""
+    import dataclasses as dc
+
+    if torch.device(device).type != "cuda":
+        return False
+    if torch.version.hip:
+        from triton.backends.amd.compiler import HIPOptions as options
+    else:
+        from triton.backends.nvidia.compiler import CUDAOptions as options
+    return "launch_cooperative_grid" in {f.name for f in dc.fields(options)}
+
+
+def resident_per_sm(n_regs: int, shared_bytes: int, num_warps: int, props) -> int:
+    """Programs of a compiled kernel (registers a thread, shared memory, warps) one SM holds at
+    once, from the device's properties (NVIDIA: registers allocated in 256-register warp
+    granules, 1 KiB of shared memory reserved per program)."""
+    warp = int(getattr(props, "warp_size", 32) or 32)
+    by_threads = props.max_threads_per_multi_processor // (num_warps * warp)
+    per_warp = -(-max(1, n_regs) * warp // 256) * 256
+    by_regs = props.regs_per_multiprocessor // (per_warp * num_warps)
+    by_smem = props.shared_memory_per_multiprocessor // (shared_bytes + 1024) if shared_bytes else by_threads
+    return max(0, min(by_threads, by_regs, by_smem, 32))
+
+
+def check_co_resident(compiled, nprog: int, device) -> None:
+    """Refuse a plain (non-cooperative) launch of `nprog` programs of `compiled` that the device
+    cannot hold at once: its programs wait for each other, so such a grid would stall until
+    every wait's deadline."""
+    if torch.version.hip:
+        raise RuntimeError("mono-glm53 layer kernel: a plain launch on ROCm has no co-residency check; "
+                           "use a Triton whose HIP backend has launch_cooperative_grid")
+    props = torch.cuda.get_device_properties(device)
+    if getattr(compiled, "n_regs", None) is None and hasattr(compiled, "_init_handles"):
+        compiled._init_handles()
+    md = compiled.metadata
+    per = resident_per_sm(int(compiled.n_regs), int(md.shared), int(md.num_warps), props)
+    fits = per * props.multi_processor_count
+    if nprog > fits:
+        raise RuntimeError(
+            f"mono-glm53 layer kernel: {nprog} programs cannot be co-resident on {props.name}: "
+            f"{per} fit an SM ({compiled.n_regs} registers, {md.shared} B shared memory, {md.num_warps} warps), "
+            f"{fits} the device; build with nprog <= {fits}")
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Same device, an index-less CUDA device being the current one."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda" or a.index == b.index:
+        return True
+    cur = torch.cuda.current_device()
+    return (cur if a.index is None else a.index) == (cur if b.index is None else b.index)
+
+
+def _capturing(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class GlmLayerKernel:
     """One built variant (shape, width, indexer) with its static buffers and counters."""
-
-    _coop: bool | None = None  # whether this Triton takes launch_cooperative_grid
 
     def __init__(self, s: GlmLayerShape, weights: dict[str, torch.Tensor], width: int,
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
@@ -273,7 +363,8 @@ class GlmLayerKernel:
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
         side by side on one GPU). `guard`: a mono_common Guard of `world` ranks shared by them
         (one rank's expired wait raises the abort flag every rank polls). cooperative=False
-        launches the fused grid plainly (ranks side by side on one GPU each take part of it).
+        launches the fused grid plainly after a host co-residency check (so does a Triton
+        without cooperative launches; `self.cooperative` says which it is).
         `alloc(shape, dtype, device)`: makes every buffer of this object, zeroed (default
         torch.zeros; the harness's redzone check passes one that fences each buffer).
         `capture_rows`: pointer-table rows pinned now for tables first built inside CUDA-graph
@@ -299,7 +390,9 @@ class GlmLayerKernel:
         self.world = world
         self.rank = peers.rank if world > 1 else 0
         self.peers = peers
-        self.cooperative = cooperative
+        # decided once, by capability (not by catching what a launch raises)
+        self.cooperative = bool(cooperative) and cooperative_launch_supported(dev)
+        self._resident_checked = False
         self.plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -376,7 +469,9 @@ class GlmLayerKernel:
         else:
             self.ar_tabs = (z(1, dtype=torch.int64),) * 4
         # sync: one counter per stage hand-off, one epoch slot per program (zeroed once); fused
-        # and staged launches bump both alike, so they can be mixed step by step
+        # and staged launches bump both alike, so they can be mixed step by step. int32, compared
+        # modulo 2**32 (exact at any launch count: mono_common.device.epochs); tests run
+        # launches across the point where the targets epoch * nprog pass 2**31
         self.cnt = z(32, dtype=i32)
         self.epoch = z(self.nprog, dtype=i32)
         # per-program clock stamps of the fused launch's hand-offs, written only while
@@ -407,20 +502,95 @@ class GlmLayerKernel:
         self._capture_rows = CaptureRows(capture_rows, NSLOTS.value, pin=dev.type == "cuda")
 
     def reset_sync(self) -> None:
-        """Zero the epochs and counters (nothing may be in flight). Only for after a timing
-        loop that replayed single stages, which bumps their counters out of step; a one-rank
-        object only (peer flags of other ranks cannot be reset from here)."""
+        """Zero the epochs and counters (nothing may be in flight). For after a timing loop
+        that replayed single stages, which bumps their counters out of step, and for `recover`;
+        a one-rank object only (peer flags of other ranks cannot be reset from here)."""
         if self.world > 1:
             raise RuntimeError("reset_sync is for one-rank kernels: peer flags would stay ahead")
         self.cnt.zero_()
         self.epoch.zero_()
 
+    def set_sync(self, epoch: int) -> None:
+        """Put every program at epoch `epoch` with each counter at what launch `epoch` leaves
+        (epoch * nprog, modulo 2**32), as if `epoch` launches had run (tests start near the
+        wraps this way; one rank; nothing may be in flight)."""
+        if self.world > 1:
+            raise RuntimeError("set_sync is for one-rank kernels: peer flags would not follow")
+        wrap = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
+        self.epoch.fill_(wrap(epoch))
+        self.cnt.fill_(wrap(epoch * self.nprog))
+
+    def stop_recorded(self):
+        """The error word of a stop this object's guard holds for its rank (a host read of
+        pinned memory: it sees launches that have finished), or None."""
+        from mono_common import errors
+
+        return errors.decode(self.guard.args(self.rank)[2].tolist())
+
+    def recover(self) -> None:
+        """After a reported stop: wait for the device, clear the guard's abort flags and error
+        words and zero the epochs and counters, so the next launch starts clean (one rank: the
+        peer flags of other ranks stay out of step, so a world > 1 must be rebuilt)."""
+        if self.world > 1:
+            raise RuntimeError("recover is for one-rank kernels: rebuild the ranks' kernels and peer buffers")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.guard.reset()
+        self.reset_sync()
+
+    def _refuse_after_stop(self) -> None:
+        word = self.stop_recorded()
+        if word is not None:
+            from mono_common.errors import MonoDeviceError
+
+            raise MonoDeviceError(
+                "mono-glm53 layer kernel: an earlier launch stopped ("
+                + word.describe(self.guard.stage_names, None)
+                + "); its counters are out of step, so it launches no more: call recover() "
+                "(one rank) or build new kernels", word)
+
     # ------------------------------------------------------------------ inputs
+    def input_problems(self, hidden: torch.Tensor, residual: torch.Tensor, inputs) -> list[str]:
+        """Every way a step's inputs disagree with this kernel and with each other (empty: fine).
+        hidden, residual: [r, H] bf16 with 1 <= r <= width; positions, out_cache_loc, seq_lens,
+        req_pool_indices: [r] int32/int64 (one value per row: a one-element tensor would be
+        broadcast into every row by copy_); req_to_token: [reqs, ctx] int32; all on this
+        kernel's device; max_seq_len within what the kernel was built for."""
+        bad = []
+        H = self.s.hidden
+        r = hidden.shape[0] if hidden.dim() == 2 else -1
+        for name, t in (("hidden", hidden), ("residual", residual)):
+            if t.dim() != 2 or t.shape[1] != H or t.shape[0] != r:
+                bad.append(f"{name} is {tuple(t.shape)}, the step needs [{max(r, 0)} rows, {H}]")
+            if t.dtype != torch.bfloat16:
+                bad.append(f"{name} is {t.dtype}, the kernel reads bfloat16")
+        if r == 0 or r > self.width:
+            bad.append(f"{r} rows: this kernel takes 1 to {self.width}")
+        for name in ("positions", "out_cache_loc", "seq_lens", "req_pool_indices"):
+            t = getattr(inputs, name)
+            if t.dim() != 1 or t.shape[0] != r:
+                bad.append(f"{name} is {tuple(t.shape)}, the step has {max(r, 0)} rows (one value per row)")
+            if t.dtype not in (torch.int32, torch.int64):
+                bad.append(f"{name} is {t.dtype}, not an int32/int64 tensor")
+        rtt = inputs.req_to_token
+        if rtt.dim() != 2 or rtt.dtype != torch.int32:
+            bad.append(f"req_to_token is {rtt.dtype} {tuple(rtt.shape)}, the kernel reads int32 [reqs, ctx]")
+        for name, t in (("hidden", hidden), ("residual", residual), ("positions", inputs.positions),
+                        ("out_cache_loc", inputs.out_cache_loc), ("seq_lens", inputs.seq_lens),
+                        ("req_pool_indices", inputs.req_pool_indices), ("req_to_token", rtt)):
+            if not _same_device(t.device, self.device):
+                bad.append(f"{name} is on {t.device}, the kernel on {self.device}")
+        if int(inputs.max_seq_len) > self.max_seq_len:
+            bad.append(f"max_seq_len {int(inputs.max_seq_len)} is larger than the {self.max_seq_len} built for")
+        return bad
+
     def set_inputs(self, hidden: torch.Tensor, residual: torch.Tensor, inputs) -> None:
-        """Copy a step of r <= width rows into the static buffers; rows r.. become pad rows."""
+        """Copy a step of r <= width rows into the static buffers; rows r.. become pad rows.
+        Inputs that disagree with the step (`input_problems`) are refused, every reason at once."""
+        bad = self.input_problems(hidden, residual, inputs)
+        if bad:
+            raise ValueError("mono-glm53 layer kernel: the step's inputs are refused: " + "; ".join(bad))
         r = hidden.shape[0]
-        if r > self.width:
-            raise ValueError(f"{r} rows do not fit width {self.width}")
         self.x.zero_()
         self.res.zero_()
         self.x[:r].copy_(hidden)
@@ -434,8 +604,6 @@ class GlmLayerKernel:
         self.req.zero_()
         self.req[:r].copy_(inputs.req_pool_indices)
         self.rtt = inputs.req_to_token
-        if int(inputs.max_seq_len) > self.max_seq_len:
-            raise ValueError("max_seq_len larger than built for")
 
     # ------------------------------------------------------------------ launch
     def _tensors(self, caches, rtt, weights=None) -> list[torch.Tensor]:
@@ -513,9 +681,17 @@ class GlmLayerKernel:
         one launch a stage (`stages` picks a subset, for per-stage timing). `weights`: another
         layer's weight dict of the same shape (one kernel object serves every layer of a width:
         its buffers are scratch between launches). Returns (out, res_out, topk) views of the
-        static output buffers."""
+        static output buffers.
+
+        Report mode: the guard is checked after the launch (a device sync; not while a CUDA
+        graph is being captured), so a stopped launch raises MonoDeviceError here and its
+        outputs are never returned. An object whose earlier launch stopped refuses to launch
+        until `recover()`."""
         from mono_glm53.kernels.stages import NSTAGES, layer_kernel
 
+        if mode not in ("fused", "staged"):
+            raise ValueError(f"launch mode {mode!r} is not 'fused' or 'staged'")
+        self._refuse_after_stop()
         self._delay = int(delay)
         args = self._args(caches, self.rtt, weights)
         ce = self.plan.constexprs()
@@ -523,35 +699,42 @@ class GlmLayerKernel:
         grid = (self.nprog,)
         with _codegen_scope():
             if mode == "fused":
-                kw = dict(FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
+                kw = dict(ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
                           num_warps=self.num_warps, **self._stages_opt, **launch_options(self.device))
-                if self.device.type == "cuda" and self.cooperative and GlmLayerKernel._coop is not False:
-                    # cooperative: the driver refuses a grid that cannot be co-resident
-                    try:
-                        self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw, launch_cooperative_grid=True)
-                        GlmLayerKernel._coop = True
-                        return self.out, self.res_out, self.topk
-                    except (TypeError, KeyError):
-                        GlmLayerKernel._coop = False
-                self.compiled["fused"] = layer_kernel[grid](*args, **ce, **kw)
-            elif mode == "staged":
+                self.compiled["fused"] = self._launch_grid(layer_kernel, grid, args, kw)
+            else:
                 for st in (stages if stages is not None else range(NSTAGES)):
                     self.compiled[st] = layer_kernel[grid](*args, **ce, FIRST=st, LAST=st, FUSED=False, CLOCK=clock,
                                                            FAULT=self.guard.fault, num_warps=self.num_warps,
                                                            **self._stages_opt,
                                                            **launch_options(self.device))
-            else:
-                raise ValueError(mode)
+        self._check_after_launch()
         return self.out, self.res_out, self.topk
+
+    def _launch_grid(self, layer_kernel, grid, args, kw):
+        """One fused launch of `grid` whose programs wait for each other: cooperative (the
+        driver refuses a grid that cannot be co-resident), or plain after the host check."""
+        if self.cooperative:
+            return layer_kernel[grid](*args, **kw, launch_cooperative_grid=True)
+        if self.device.type == "cuda" and not self._resident_checked:
+            check_co_resident(layer_kernel.warmup(*args, grid=grid, **kw), grid[0], self.device)
+            self._resident_checked = True
+        return layer_kernel[grid](*args, **kw)
+
+    def _check_after_launch(self) -> None:
+        if self.guard.mode == "report" and not _capturing(self.device):
+            self.guard.check()
 
 
 def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int = 0) -> None:
     """One fused launch running the R ranks `kernels` (world R, rank r at index r, each built
     with nprog = P) side by side on one GPU: programs [r * P, (r + 1) * P) are rank r and read
     rank r's arguments from a device pointer table (kernels on separate streams do not run
-    concurrently on every GPU, and peers that wait on each other must). Cooperative, so a grid
-    that cannot be co-resident fails at launch instead of deadlocking. Each kernel's fault
-    switch (MONO_GLM53_FAULT) applies to its own rank."""
+    concurrently on every GPU, and peers that wait on each other must). Cooperative where
+    Triton can (`cooperative_launch_supported`), else plain after the host co-residency check,
+    so a grid that cannot be co-resident fails at launch instead of stalling. Each kernel's
+    fault switch (MONO_GLM53_FAULT) applies to its own rank. As `GlmLayerKernel.launch`: no
+    launch after a recorded stop, and in report mode the shared guard is checked after it."""
     from mono_glm53.kernels.stages import NSTAGES, layer_kernel
 
     R = len(kernels)
@@ -561,14 +744,21 @@ def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int 
     if len({k.nprog for k in kernels}) != 1:
         raise ValueError("every rank must be built with the same nprog")
     for k in kernels:
+        k._refuse_after_stop()
         k._delay = int(delay)
     ptab = k0._cached_table([(k._tensors(c, k.rtt), k._scalars(k.rtt)) for k, c in zip(kernels, caches)])
     args = k0._args(caches[0], k0.rtt, ptab=ptab)  # every rank's scalars are in its row
-    ce = k0.plan.constexprs()
+    kw = dict(k0.plan.constexprs(), FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
+              FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps, **k0._stages_opt, **launch_options(k0.device))
+    grid = (R * k0.nprog,)
     with _codegen_scope():
-        layer_kernel[(R * k0.nprog,)](*args, **ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=k0.guard.clock,
-                                      FAULT=k0.guard.fault, SIM=True, num_warps=k0.num_warps, **k0._stages_opt,
-                                      launch_cooperative_grid=True, **launch_options(k0.device))
+        if cooperative_launch_supported(k0.device):
+            layer_kernel[grid](*args, **kw, launch_cooperative_grid=True)
+        else:
+            if k0.device.type == "cuda":
+                check_co_resident(layer_kernel.warmup(*args, grid=grid, **kw), grid[0], k0.device)
+            layer_kernel[grid](*args, **kw)
+    k0._check_after_launch()
 
 
 def device_table(rows: list[tuple[list[torch.Tensor], tuple]], device,

@@ -8,7 +8,21 @@ the bf16 rounding of p instead of before. A bf16 rounding flip upstream of an FP
 moves one e4m3 code by one step, so the index keys are exact on nearly all bytes, not all:
   * stream (layer output, residual): cosine >= 0.999 on real rows; a flipped expert choice
     (two biased scores tied to fp32 noise) would show up here and is not expected on
-    random weights.
+    random weights. Beside each cosine a relative error, the worst row's ||kernel - ref|| /
+    ||ref|| (`*.rel_l2_max`): a cosine cannot see an error that scales a row (a wrong weight
+    scale leaves the direction alone). Set from measurement: on the CPU (tests/interp, tiny
+    config, every interp case) the layer output reads at most 0.034 (upstream bf16/e4m3
+    flips, the same noise that keeps its cosine at 0.9994..0.9998) and the residual at most
+    0.0025; the bounds, 0.05 and 0.01, leave a 1.5x and a 4x margin. On the H200 they are NOT
+    yet measured: the stream cosines measured there (0.9993..0.9996) correspond to about
+    0.028..0.037 for rows of equal norm, inside 0.05; the GPU suite reports the values.
+  * the layer output given the kernel's own h2 (moe_given_h2): the MoE part alone, with no
+    upstream noise. CPU: 0.0 (bit-identical to the reference MoE on the kernel's h2), while a
+    1 % error in the routed experts' down-projection scales reads 0.0097 and in the shared
+    expert's 0.0061 (tests/interp `test_one_percent_down_scale_error_fails`); the bound 0.004
+    catches either with a 1.5x margin. On the H200 the reference's FP8 GEMMs are torch
+    scaled_mm (another summation order): the value there is NOT yet measured, and if it
+    exceeds 0.004 this bound must move and a 1 % scale error is then seen on the CPU only.
   * MLA cache rows written at out_cache_loc: cosine >= 0.9999 and max |diff| <= 4 bf16 ulps
     of the row's amax (the latent is a norm output, the rope part a rope of a GEMM output).
     On the CPU against the exact-GEMM reference the rows are bit-identical (tests/interp);
@@ -40,8 +54,8 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
     picks the kernel's experts up to an fp32 tie (tie_gap_max 1e-5: the kernel's choice may
     score at most that much below the reference's), and the layer output has cosine >= 0.999
     with the reference MoE on the kernel's h2. glm53_layer.routing.flipped_rows reports them.
-  * fused vs staged, fused with random per-program delays vs without, graph replay vs eager:
-    identical bits (same code, same reduction order: split-K partials and
+  * fused vs staged, fused with random per-program delays vs without, graph replay vs eager
+    fused and vs eager staged: identical bits (same code, same reduction order: split-K partials and
     the attention combine are summed in fixed order by one program).
   * TP ranks (R > 1, ranks side by side on one GPU): every rank holds the same output and
     residual bits (one-shot all-reduce, fp32 sum in rank order on every rank).
@@ -52,7 +66,9 @@ from __future__ import annotations
 
 NUMERICS: dict[str, float] = {
     "glm53_layer.hidden.cosine_min": 0.999,
+    "glm53_layer.hidden.rel_l2_max": 0.05,
     "glm53_layer.residual.cosine_min": 0.9999,
+    "glm53_layer.residual.rel_l2_max": 0.01,
     "glm53_layer.mla_cache.cosine_min": 0.9999,
     "glm53_layer.mla_cache.max_abs_ulps": 4.0,
     "glm53_layer.index_k.bytes_equal_min": 0.5,
@@ -65,9 +81,11 @@ NUMERICS: dict[str, float] = {
     "glm53_layer.h2.cosine_min": 0.9999,
     "glm53_layer.routing_given_h2.tie_gap_max": 1e-5,
     "glm53_layer.moe_given_h2.cosine_min": 0.999,
+    "glm53_layer.moe_given_h2.rel_l2_max": 0.004,
     "glm53_layer.fused_vs_staged.max_abs": 0.0,
     "glm53_layer.delay_vs_fused.max_abs": 0.0,
     "glm53_layer.graph_replay_vs_eager.max_abs": 0.0,
+    "glm53_layer.graph_replay_vs_staged.max_abs": 0.0,
     "glm53_layer.untouched_cache.max_abs": 0.0,
     "glm53_layer.tp_ranks_equal.max_abs": 0.0,
 }

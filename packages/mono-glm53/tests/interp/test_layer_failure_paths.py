@@ -1,0 +1,91 @@
+"""Issue 21 under TRITON_INTERPRET=1 (tiny config, 3 programs, staged launches): the layer's
+epochs and counters run through the points where their int32 values wrap, rows of very
+different context lengths share a step, a 1 % error in the down projection's scales fails
+the numerics, and the replayed-launch check catches a replay that differs."""
+
+import pytest
+import torch
+
+from mono_glm53.config import tiny
+from mono_glm53.kernels.harness import build_case, compare, kernel_out, reference_out, replay_check, run_case
+from mono_glm53.kernels.layer import GlmLayerKernel
+from mono_glm53.kernels.numerics import failures
+from mono_glm53.kernels.stages import NSTAGES
+
+NPROG = 3
+
+
+def _wrap32(x):
+    return (x + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+
+@pytest.mark.parametrize("start", [(2 ** 31 - 1) // NPROG, 2 ** 31 - 1], ids=["targets-wrap", "epoch-wraps"])
+def test_staged_launches_run_through_the_wraps(start):
+    """Launch `start` + 1 is where the targets epoch * nprog (or the epoch itself) pass 2**31:
+    two launches from there give the outputs of a fresh kernel's launch bit for bit, and the
+    counters and epochs hold the wrapped values the launch count says."""
+    s = tiny(index_heads=8)
+    c = build_case(s, 2, 10, True, seed=5)
+    fresh = GlmLayerKernel(s, c.w, 2, max_seq_len=10, nprog=NPROG, device="cpu")
+    want, _ = kernel_out(c, fresh, "staged")
+    k = GlmLayerKernel(s, c.w, 2, max_seq_len=10, nprog=NPROG, device="cpu")
+    k.set_sync(start)
+    for n in (1, 2):
+        got, _ = kernel_out(c, k, "staged")
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        assert k.epoch.tolist() == [_wrap32(start + n)] * NPROG
+        # every hand-off counter 0..NSTAGES-2 took one signal per program per launch
+        assert k.cnt[: NSTAGES - 1].tolist() == [_wrap32((start + n) * NPROG)] * (NSTAGES - 1)
+    k.guard.check()
+
+
+def test_rows_of_very_different_context_lengths_in_one_step():
+    """Top-k 16: contexts 1, 3 (a few tokens), 15, 16, 17 (below, at, above the top-k) and 40
+    in one width-8 step with two pad rows."""
+    s = tiny(index_heads=8)
+    ctxs = (1, 3, 15, 16, 17, 40)
+    m = run_case(s, 8, len(ctxs), max(ctxs), True, modes=("staged",), nprog=NPROG, seed=11, ctxs=ctxs)
+    assert not failures(m), m
+    assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
+    assert m["glm53_layer.topk.overlap_min"] == 1.0, m
+
+
+@pytest.mark.parametrize("name", ["mlp.experts.w2_weight_scale_inv", "mlp.shared_experts.down_proj.weight_scale_inv"])
+def test_one_percent_down_scale_error_fails(name):
+    """The kernel reads down-projection scales 1 % too large, the reference the right ones:
+    every cosine stays in bounds (0.99998 for the MoE given the kernel's h2), the relative
+    error does not (0.0097 routed, 0.0061 shared, against a bound of 0.004)."""
+    s = tiny(index_heads=8)
+    c = build_case(s, 2, 40, True, seed=42)
+    r_out, r_caches = reference_out(c)
+    wrong = dict(c.w)
+    wrong[name] = c.w[name] * 1.01
+    k = GlmLayerKernel(s, wrong, 2, max_seq_len=40, nprog=NPROG, device="cpu")
+    k_out, k_caches = kernel_out(c, k, "staged")
+    m = compare(c, r_out, r_caches, k_out, k_caches, k)
+    bad = failures(m)
+    assert "glm53_layer.moe_given_h2.rel_l2_max" in bad, m
+    assert not any(key.endswith("cosine_min") for key in bad), bad
+
+
+def test_replay_check_compares_with_the_staged_launch():
+    s = tiny(index_heads=8)
+    c = build_case(s, 2, 10, True, seed=3)
+    k = GlmLayerKernel(s, c.w, 2, max_seq_len=10, nprog=NPROG, device="cpu")
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    caches = type(c.caches)(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
+
+    def replay():
+        k.launch(caches, "staged")
+
+    r = replay_check(k, caches, replay, lambda i: None, 1, 1, modes=("staged",))
+    assert (r["checks"], r["glm53_layer.graph_replay_vs_staged.max_abs"]) == (1, 0.0), r
+
+    def wrong_replay():
+        k.launch(caches, "staged")
+        k.res_out[0, 0] += 1.0  # a replay that left one value different
+
+    r = replay_check(k, caches, wrong_replay, lambda i: None, 1, 1, modes=("staged",))
+    assert r["glm53_layer.graph_replay_vs_staged.max_abs"] >= 1.0, r
+    assert failures(r), r

@@ -1,0 +1,191 @@
+"""The layer kernel's host-side launch paths on the CPU (issue 21), with the Triton kernel
+replaced by a fake that records its launches and can write a guard error word as a stopped
+launch would: a stopped launch raises before its outputs are used, the next launch refuses
+until `recover()`, a server refuses report mode, inputs that disagree with the step are
+refused, the cooperative launch is decided by capability and never by a caught exception,
+and a grid that cannot be co-resident is refused before it launches."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+from mono_common import errors
+from mono_glm53.config import tiny
+from mono_glm53.kernels import layer, stages
+from mono_glm53.weights import make_caches, make_weights
+
+
+class FakeKernel:
+    """Stands in for `stages.layer_kernel`: records each launch's keyword arguments; with
+    `stop` set, the launch writes a timeout word into the guard's error words first."""
+
+    def __init__(self, raise_on_cooperative=None):
+        self.calls = []
+        self.stop = None
+        self.raise_on_cooperative = raise_on_cooperative
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            if kw.get("launch_cooperative_grid") and self.raise_on_cooperative is not None:
+                raise self.raise_on_cooperative
+            self.calls.append((grid, kw))
+            if self.stop is not None:
+                self.stop[errors.CODE] = errors.CODE_TIMEOUT
+                self.stop[errors.STAGE] = 12
+                self.stop[errors.OBSERVED] = 263
+                self.stop[errors.EXPECTED] = 264
+                self.stop[errors.STATE] = errors.STATE_COMPLETE
+            return types.SimpleNamespace(grid=grid)
+
+        return run
+
+    def warmup(self, *args, grid, **kw):
+        return types.SimpleNamespace(n_regs=255, metadata=types.SimpleNamespace(shared=48 * 1024, num_warps=4))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    f = FakeKernel()
+    monkeypatch.setattr(stages, "layer_kernel", f)
+    return f
+
+
+def _kernel(monkeypatch, mode="report", width=2, nprog=2):
+    monkeypatch.setenv("MONO_GUARD_MODE", mode)
+    s = tiny()
+    w = make_weights(s, device="cpu", seed=0)
+    inputs, caches = make_caches(s, width, 8, device="cpu", seed=1)
+    k = layer.GlmLayerKernel(s, w, width, 8, nprog=nprog, device="cpu")
+    hidden = torch.zeros(width, s.hidden, dtype=torch.bfloat16)
+    return k, inputs, caches, hidden
+
+
+def test_a_stopped_launch_raises_before_its_outputs_are_returned(monkeypatch, fake):
+    k, inputs, caches, hidden = _kernel(monkeypatch)
+    k.set_inputs(hidden, hidden, inputs)
+    k.launch(caches, "staged")  # a good launch returns its outputs
+    fake.stop = k.guard.errors[0]
+    with pytest.raises(errors.MonoWaitTimeout, match="stage 12"):
+        k.launch(caches, "fused")
+
+
+def test_after_a_stop_the_kernel_refuses_until_recover(monkeypatch, fake):
+    k, inputs, caches, hidden = _kernel(monkeypatch)
+    k.set_inputs(hidden, hidden, inputs)
+    fake.stop = k.guard.errors[0]
+    with pytest.raises(errors.MonoWaitTimeout):
+        k.launch(caches, "fused")
+    fake.stop = None
+    n = len(fake.calls)
+    with pytest.raises(errors.MonoDeviceError, match="earlier launch stopped.*call recover"):
+        k.launch(caches, "fused")
+    assert len(fake.calls) == n, "a refused launch must not reach the device"
+    k.cnt.fill_(7)
+    k.epoch.fill_(3)
+    k.recover()
+    assert k.cnt.eq(0).all() and k.epoch.eq(0).all() and k.stop_recorded() is None
+    out, _, _ = k.launch(caches, "fused")
+    assert out is k.out and len(fake.calls) == n + 1
+
+
+def test_fault_mode_does_not_sync_after_a_launch(monkeypatch, fake):
+    k, inputs, caches, hidden = _kernel(monkeypatch, mode="fault")
+    k.set_inputs(hidden, hidden, inputs)
+    monkeypatch.setattr(k.guard, "check", lambda *a, **kw: pytest.fail("fault mode checked the guard"))
+    k.launch(caches, "fused")
+
+
+def test_a_server_refuses_report_mode_outside_check_mode(monkeypatch):
+    from mono_glm53.forward import GlmMonoForward, report_mode_refusal
+
+    monkeypatch.setenv("MONO_GUARD_MODE", "report")
+    reason = report_mode_refusal(check_mode=False)
+    assert "MONO_GUARD_MODE=report" in reason and "stale outputs" in reason
+    assert report_mode_refusal(check_mode=True) is None
+    with pytest.raises(ValueError, match="stale outputs"):
+        GlmMonoForward(object(), object(), [3])
+    GlmMonoForward(object(), object(), [3], layer_hook=lambda *a: a)  # check mode checks every launch
+    monkeypatch.setenv("MONO_GUARD_MODE", "fault")
+    assert report_mode_refusal(check_mode=False) is None
+    GlmMonoForward(object(), object(), [3])
+
+
+def test_inputs_that_disagree_with_the_step_are_refused(monkeypatch):
+    k, inputs, caches, hidden = _kernel(monkeypatch)
+    one = torch.ones(1, dtype=torch.int32)
+    bad = dataclasses.replace(inputs, seq_lens=one, positions=inputs.positions.float())
+    with pytest.raises(ValueError) as ei:
+        k.set_inputs(hidden, hidden, bad)
+    msg = str(ei.value)
+    # a one-element per-row tensor used to be broadcast into every row
+    assert "seq_lens is (1,), the step has 2 rows (one value per row)" in msg
+    assert "positions is torch.float32, not an int32/int64 tensor" in msg
+    with pytest.raises(ValueError, match="hidden is torch.float32, the kernel reads bfloat16"):
+        k.set_inputs(hidden.float(), hidden, inputs)
+    with pytest.raises(ValueError, match=rf"residual is \(1, {k.s.hidden}\), the step needs \[2 rows, {k.s.hidden}\]"):
+        k.set_inputs(hidden, hidden[:1], inputs)
+    with pytest.raises(ValueError, match="3 rows: this kernel takes 1 to 2"):
+        h3 = torch.zeros(3, k.s.hidden, dtype=torch.bfloat16)
+        k.set_inputs(h3, h3, inputs)
+    with pytest.raises(ValueError, match=f"max_seq_len 4096 is larger than the {k.max_seq_len} built for"):
+        k.set_inputs(hidden, hidden, dataclasses.replace(inputs, max_seq_len=4096))
+    k.set_inputs(hidden, hidden, inputs)  # the step's own inputs pass
+
+
+def test_cooperative_launch_is_decided_by_capability(monkeypatch):
+    import triton.backends.nvidia.compiler as nv
+
+    assert layer.cooperative_launch_supported("cpu") is False
+    assert layer.cooperative_launch_supported("cuda") is True  # this Triton's CUDAOptions has the option
+
+    @dataclasses.dataclass
+    class OldOptions:
+        num_warps: int = 4
+
+    monkeypatch.setattr(nv, "CUDAOptions", OldOptions)
+    assert layer.cooperative_launch_supported("cuda") is False
+
+
+def test_a_failing_cooperative_launch_propagates(monkeypatch):
+    # It used to be caught (TypeError/KeyError, compile errors included) and the launch retried
+    # plainly, for the rest of the process.
+    f = FakeKernel(raise_on_cooperative=TypeError("bad constexpr in the kernel"))
+    monkeypatch.setattr(stages, "layer_kernel", f)
+    k, inputs, caches, hidden = _kernel(monkeypatch, mode="fault")
+    k.set_inputs(hidden, hidden, inputs)
+    k.device, k.cooperative = torch.device("cuda"), True  # as on a GPU whose Triton has the option
+    monkeypatch.setattr(k, "_args", lambda *a, **kw: ())
+    with pytest.raises(TypeError, match="bad constexpr"):
+        k.launch(caches, "fused")
+    assert f.calls == [], "no plain launch after a failed cooperative one"
+
+
+H200 = types.SimpleNamespace(name="NVIDIA H200", warp_size=32, max_threads_per_multi_processor=2048,
+                             regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
+                             multi_processor_count=132)
+
+
+def test_resident_programs_per_sm():
+    # the layer kernel on the H200: 255 registers, 48 KiB shared, 4 warps: two a SM
+    assert layer.resident_per_sm(255, 48 * 1024, 4, H200) == 2
+    assert layer.resident_per_sm(128, 0, 4, H200) == 4
+    assert layer.resident_per_sm(32, 120 * 1024, 4, H200) == 1
+
+
+def test_a_plain_launch_of_a_grid_that_cannot_be_co_resident_is_refused(monkeypatch, fake):
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: H200)
+    compiled = fake.warmup(grid=(1,))
+    layer.check_co_resident(compiled, 264, "cuda")
+    with pytest.raises(RuntimeError, match="265 programs cannot be co-resident on NVIDIA H200: 2 fit an SM"):
+        layer.check_co_resident(compiled, 265, "cuda")
+    k, inputs, caches, hidden = _kernel(monkeypatch, mode="fault", nprog=265)
+    k.set_inputs(hidden, hidden, inputs)
+    k.device, k.cooperative = torch.device("cuda"), False
+    monkeypatch.setattr(k, "_args", lambda *a, **kw: ())
+    with pytest.raises(RuntimeError, match="cannot be co-resident"):
+        k.launch(caches, "fused")
+    assert fake.calls == [], "refused before it launched"
