@@ -1,7 +1,7 @@
 """Host driver for the single-GPU R-rank all-reduce simulation, and its torch reference.
 
 `SimAllReduce` allocates each simulated rank's mailbox, flags and scratch separately, builds
-the address tables a real TP launch gets from symmetric memory, and launches
+the address tables a real TP launch gets from mono_common.peer's IPC-shared pools, and launches
 `mono_common.device.simulate.sim_allreduce_kernel` fused (GPU) or phase by phase (the
 interpreter). Buffers are zeroed once at construction; launches never reset anything.
 """

@@ -3,7 +3,7 @@
 The grid is split into R groups of P programs; group r plays rank r with its own mailbox,
 flags, scratch, abort flag and error word, each in its own allocation, reached only through
 address tables exactly as real peers are (mono_common.peer builds the same tables from
-symmetric memory). On one H200 this exercises the push/flag/sum/norm protocol and the abort
+pools shared by IPC handles). On one H200 this exercises the push/flag/sum/norm protocol and the abort
 propagation between "ranks" that a several-GPU machine would run.
 
 `sim_allreduce_kernel` can leave one program out (it never arrives) and can delay programs, for
