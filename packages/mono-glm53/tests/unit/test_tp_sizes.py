@@ -123,3 +123,102 @@ def test_sglang_tp_group_is_read_through_its_parallel_state(monkeypatch):
     group = types.SimpleNamespace(cpu_group="gloo group", rank_in_group=3, world_size=8)
     monkeypatch.setattr(parallel_state, "get_tp_group", lambda: group)
     assert build_mod.tp_group() == ("gloo group", 3, 8)
+
+
+class _HostRuntime:
+    """mono_common.ipc's calls on host memory, for ranks that are threads of this process."""
+
+    def __init__(self):
+        import ctypes
+
+        self.ctypes, self.buffers = ctypes, {}
+
+    def set_device(self, index):
+        pass
+
+    def malloc(self, nbytes, uncached=False):
+        buf = (self.ctypes.c_uint8 * nbytes)()
+        self.buffers[self.ctypes.addressof(buf)] = buf
+        return self.ctypes.addressof(buf)
+
+    def memset(self, addr, value, nbytes):
+        self.ctypes.memset(addr, value, nbytes)
+
+    def synchronize(self):
+        pass
+
+    def export(self, addr):
+        return addr.to_bytes(8, "little") + bytes(56)
+
+    def open(self, handle):
+        return int.from_bytes(handle[:8], "little")
+
+    def close(self, addr):
+        pass
+
+    def free(self, addr):
+        pass
+
+    def view(self, addr, nbytes, device):
+        import torch
+
+        return torch.frombuffer((self.ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
+
+
+def test_layer_peers_serve_every_width_and_one_guard_on_the_peer_abort_flag(monkeypatch):
+    """build's TP path below SGLang: `layer_peers` over a 2-rank group (threads, host memory)
+    and `KernelLayer` building each width's kernel on them, as build does at TP > 1."""
+    import threading
+
+    import torch
+
+    from mono_common import ipc, peer
+    from mono_glm53.config import tiny
+    from mono_glm53.kernels.layer import peer_requests
+    from mono_glm53.weights import make_weights
+
+    monkeypatch.setattr(ipc, "runtime", lambda: _HostRuntime())
+    world, widths = 2, (2, 4)
+    objs, bar = [None] * world, threading.Barrier(world, timeout=60)
+
+    def gather_for(rank):
+        def gather(obj):
+            objs[rank] = obj
+            bar.wait()
+            out = list(objs)
+            bar.wait()
+            return out
+        return gather
+
+    got = [None] * world
+
+    def rank_body(rank):
+        try:
+            s = tiny(tp_size=world, tp_rank=rank, page=64)
+            lp = build_mod.layer_peers(s, widths, comm=peer.Comm(rank, world, gather_for(rank)), device="cpu",
+                                       deadline_s=1.0, mode="report")
+            launcher = build_mod.KernelLayer(s, {3: make_weights(s, device="cpu", seed=rank)},
+                                             types.SimpleNamespace(widths=widths, deadline_s=1.0), "staged", lp)
+            got[rank] = (lp, [launcher.kernel(3, w, 128) for w in widths])
+        except Exception as e:  # noqa: BLE001 - checked below
+            got[rank] = e
+
+    threads = [threading.Thread(target=rank_body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(isinstance(g, tuple) for g in got), got
+    names = {n for n, _, _ in peer_requests(tiny(tp_size=world, page=64), 2, world)}
+    for rank, (lp, kernels) in enumerate(got):
+        assert set(lp.by_width) == set(widths)
+        for w, k in zip(widths, kernels):
+            assert set(lp.by_width[w].table) == names
+            assert (k.world, k.rank, k.width) == (world, rank, w)
+            assert k.guard is lp.guard, "every width's kernel shares the rank's guard"
+            assert k.ar_tabs[0] is lp.by_width[w].table["glm53.ar1.mbox"]
+        assert kernels[0].ar_tabs[0].tolist() != kernels[1].ar_tabs[0].tolist(), "each width its own regions"
+        abort, tab, _ = lp.guard.args(rank)
+        assert abort.data_ptr() == lp.buffers.local["mono.guard.abort"].data_ptr()
+        assert tab.tolist() == [g[0].buffers.local["mono.guard.abort"].data_ptr() for g in got]
+        assert lp.guard.mode == "report" and isinstance(abort, torch.Tensor)
