@@ -33,7 +33,7 @@ def _ok(results):
 
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_processes_all_reduce_through_ipc_peer_tables(world):
-    res = run_ranks(CHILD, world, "allreduce", timeout_s=300)
+    res = run_ranks(CHILD, world, "allreduce", timeout_s=240)
     _ok(res)
     for name in ("mbox", "flags"):
         for q, r in enumerate(res):
@@ -47,7 +47,7 @@ def test_processes_all_reduce_through_ipc_peer_tables(world):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_a_timeout_on_one_process_stops_every_process(world):
-    res = run_ranks(CHILD, world, "fault", timeout_s=300)
+    res = run_ranks(CHILD, world, "fault", timeout_s=240)
     _ok(res)
     for r in res:
         assert r["stopped"], r
