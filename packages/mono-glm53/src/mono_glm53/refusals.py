@@ -102,15 +102,35 @@ def _rope_type(hf_config: Any) -> str | None:
 def rotary_table_rows(hf_config: Any) -> int:
     """Rows of the cos/sin table build copies: SGLang's own table covers
     max_position_embeddings positions."""
-    return int(_get(hf_config, "max_position_embeddings", 0) or 0)
+    return max(_as_int(_get(hf_config, "max_position_embeddings", 0) or 0) or 0, 0)
 
 
 def covered_layers(hf_config: Any) -> range:
-    return range(FIRST_COVERED_LAYER, int(_get(hf_config, "num_hidden_layers", 0) or 0))
+    return range(FIRST_COVERED_LAYER, _as_int(_get(hf_config, "num_hidden_layers", 0) or 0) or 0)
 
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _as_int(value: Any) -> int | None:
+    """`value` as an int when it is one (or a float/str holding one), else None: a config
+    value of the wrong type becomes a refusal, never a TypeError in the launcher."""
+    if isinstance(value, bool):
+        return None
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(as_float) if as_float.is_integer() else None
+
+
+def _block_pair(value: Any) -> list[int] | None:
+    """A weight_block_size as [rows, cols], or None when it is not a pair of integers."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        return None
+    pair = [_as_int(v) for v in value]
+    return None if None in pair else pair
 
 
 # ---------------------------------------------------------------------------
@@ -122,17 +142,21 @@ def checkpoint_reasons(cfg: Any, hf_config: Any) -> list[str]:
     quant = _get(hf_config, "quantization_config")
     method = _get(quant, "quant_method") if quant else None
     if not quant or method != "fp8":
+        what = "unquantized" if not quant else (
+            f"quantized with {method!r}" if method else f"quantized by an unreadable quantization_config {quant!r}"
+        )
         reasons.append(
-            f"the checkpoint is {'unquantized' if not quant else repr(method)}: the kernel reads "
+            f"the checkpoint is {what}: the kernel reads "
             "the FP8 e4m3 block-128 checkpoint (quantization_config quant_method 'fp8', "
             "weight_block_size [128, 128]); serve GLM-5.3's FP8 checkpoint"
         )
     else:
         block = _get(quant, "weight_block_size")
-        if block is None or [int(b) for b in block] != [BLOCK, BLOCK]:
+        if _block_pair(block) != [BLOCK, BLOCK]:
             reasons.append(
-                f"the checkpoint's FP8 weight_block_size is {block}, not [128, 128]: the kernel "
-                "reads block-128 scales; serve GLM-5.3's FP8 block-128 checkpoint"
+                f"the checkpoint's FP8 weight_block_size is {block!r}, not [128, 128]: the kernel "
+                "reads block-128 scales; serve GLM-5.3's FP8 block-128 checkpoint (its "
+                "config.json quantization_config holds weight_block_size [128, 128])"
             )
         fmt = _get(quant, "fmt")
         if fmt not in (None, "e4m3"):
@@ -220,7 +244,7 @@ def model_config_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """HF config values beyond the exact ones in Requirements.hf_config."""
     reasons = []
     kpool = _get(hf_config, "index_kpool", 1) or 1
-    if int(kpool) != 1:
+    if _as_int(kpool) != 1:
         reasons.append(
             f"config.index_kpool {kpool} selects IndexerKPool's pooled index cache: the kernel "
             "reads the plain DSA Indexer's index-K cache (fp8 keys + fp32 scale, one key a "
@@ -234,7 +258,7 @@ def model_config_reasons(cfg: Any, hf_config: Any) -> list[str]:
         )
     for key in ("index_init_tokens", "index_local_tokens"):
         value = _get(hf_config, key, 0) or 0
-        if int(value) != 0:
+        if _as_int(value) != 0:
             reasons.append(
                 f"config.{key} {value}: the kernel's top-k has no forced initial/local "
                 f"tokens; serve GLM-5.3's config ({key} 0)"
@@ -260,7 +284,13 @@ def model_config_reasons(cfg: Any, hf_config: Any) -> list[str]:
         )
     rows = rotary_table_rows(hf_config)
     served = _get(cfg, "context_length") or rows
-    if rows <= 0 or int(served) > rows:
+    if rows <= 0:
+        reasons.append(
+            f"config.max_position_embeddings is {_get(hf_config, 'max_position_embeddings')!r}: "
+            "the kernel copies SGLang's rotary table, which has max_position_embeddings rows; "
+            "serve GLM-5.3's config (max_position_embeddings 202752)"
+        )
+    elif _as_int(served) is None or _as_int(served) > rows:
         reasons.append(
             f"the served context is {served} tokens, longer than the {rows}-row rotary table "
             f"the kernel copies (config.max_position_embeddings): start the server with "
@@ -281,7 +311,8 @@ def capture_reasons(
     if backend not in DECODE_GRAPH_BACKENDS:
         return [
             f"decode CUDA graphs are {backend!r}: the kernel's forward is captured as one whole "
-            "graph; use the 'full' decode graph backend (the default), or disable decode graphs"
+            "graph; start the server with --cuda-graph-backend-decode full (the default) or "
+            "--disable-decode-cuda-graph"
         ]
     if backend == "disabled":
         return []
@@ -308,8 +339,8 @@ def capture_reasons(
         return [
             f"none of the captured decode graphs (batch sizes {sorted(captured)}) runs the "
             f"kernel: at TP {tp} it serves batch sizes {sorted(served)}; capture at least one "
-            f"of them (e.g. --cuda-graph-bs {' '.join(map(str, sorted(served)))} plus any larger "
-            "sizes, or leave --cuda-graph-bs unset)"
+            f"of them (e.g. --cuda-graph-bs-decode {' '.join(map(str, sorted(served)))} plus any "
+            "larger sizes, or leave --cuda-graph-bs-decode unset)"
         ]
     return []
 
@@ -355,18 +386,222 @@ def launcher_reasons() -> list[str]:
     return []
 
 
-def config_reasons(
-    cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Sequence[int]]
-) -> list[str]:
-    """Every reason GLM-5.3's kernel refuses this server before load, all at once."""
-    return [
-        *checkpoint_reasons(cfg, hf_config),
-        *server_arg_reasons(cfg),
-        *env_reasons(),
-        *model_config_reasons(cfg, hf_config),
-        *capture_reasons(cfg, widths_by_tp=widths_by_tp),
-        *check_mode_reasons(cfg),
+def _flags_set(cfg: Any, flags: Mapping[str, str]) -> str:
+    """The flags of `flags` (field -> flag) the server sets, as typed ("--ep-size 8")."""
+    shown = []
+    for field, flag in flags.items():
+        value = _get(cfg, field)
+        if value in (None, False, 0, "", "null") or value == []:
+            continue
+        shown.append(flag if value is True else f"{flag} {value}")
+    return ", ".join(shown) or "/".join(flags.values())
+
+
+#: SGLang's refused-by-default features (`Feature` names), each with what GLM-5.3's kernel
+#: does instead and the server arguments that switch it on (field -> flag). The spec lists
+#: them in `features`, so SGLang does not refuse them in its generic words ("X is in use and
+#: the spec does not accept it"), and `feature_reasons` refuses each here, naming the flag to
+#: drop. RAGGED_VERIFY and EAGLE3_HIDDEN_STATES occur only with speculative decoding, whose
+#: reason covers them (each reason once).
+FEATURES = {
+    "PIPELINE_PARALLEL": (
+        {"pp_size": "--pp-size"},
+        "the kernel covers layers 3..77 of the whole model on every rank (no pipeline stages)",
+        "start the server with --pp-size 1 (the default)",
+    ),
+    "MULTI_NODE_TP": (
+        {"nnodes": "--nnodes"},
+        "the kernel's in-launch all-reduce reaches the GPUs of one node only",
+        "serve on one node (--nnodes 1, the default)",
+    ),
+    "DP_ATTENTION": (
+        {"enable_dp_attention": "--enable-dp-attention", "attn_dp_size": "--attn-dp-size"},
+        "the kernel runs attention tensor-parallel over every TP rank",
+        "start the server without --enable-dp-attention",
+    ),
+    "EXPERT_PARALLEL": (
+        {"ep_size": "--ep-size"},
+        "the kernel runs every routed expert's TP shard on every rank (no expert parallelism)",
+        "start the server with --ep-size 1 (the default)",
+    ),
+    "EPLB": (
+        {"enable_eplb": "--enable-eplb"},
+        "the kernel reads the experts where the checkpoint places them",
+        "start the server without --enable-eplb",
+    ),
+    "CONTEXT_PARALLEL": (
+        {"attn_cp_size": "--attn-cp-size", "dcp_size": "--dcp-size", "enable_prefill_cp": "--enable-prefill-cp"},
+        "the kernel attends over the whole context on every rank",
+        "start the server without context parallelism (--attn-cp-size 1, --dcp-size 1, no --enable-prefill-cp)",
+    ),
+    "SPECULATIVE_DECODING": (
+        {"speculative_algorithm": "--speculative-algorithm"},
+        "the kernel runs decode steps of one token a request, not speculative verify steps",
+        "start the server without --speculative-algorithm",
+    ),
+    "TWO_BATCH_OVERLAP": (
+        {"enable_two_batch_overlap": "--enable-two-batch-overlap",
+         "enable_single_batch_overlap": "--enable-single-batch-overlap"},
+        "the kernel runs a whole covered layer of the step in one launch, which splits no batch",
+        "start the server without --enable-two-batch-overlap and --enable-single-batch-overlap",
+    ),
+    "LORA": (
+        {"enable_lora": "--enable-lora", "lora_paths": "--lora-paths"},
+        "the kernel applies no LoRA adapter",
+        "start the server without --enable-lora and --lora-paths",
+    ),
+    "PD_DISAGGREGATION": (
+        {"disaggregation_mode": "--disaggregation-mode"},
+        "the kernel has not been checked on prefill/decode-disaggregated servers",
+        "start the server without --disaggregation-mode",
+    ),
+    "RETURN_ROUTED_EXPERTS": (
+        {"enable_return_routed_experts": "--enable-return-routed-experts"},
+        "the kernel routes inside the launch and returns no expert ids",
+        "start the server without --enable-return-routed-experts",
+    ),
+    "RETURN_INDEXER_TOPK": (
+        {"enable_return_indexer_topk": "--enable-return-indexer-topk"},
+        "the kernel's DSA top-k stays inside the launch",
+        "start the server without --enable-return-indexer-topk",
+    ),
+    "KV_OFFLOAD": (
+        {"enable_hierarchical_cache": "--enable-hierarchical-cache",
+         "disaggregation_decode_enable_offload_kvcache": "--disaggregation-decode-enable-offload-kvcache",
+         "enable_lmcache": "--enable-lmcache", "enable_flexkv": "--enable-flexkv"},
+        "the kernel reads and writes the KV and index-K caches in the device pools only",
+        "start the server without KV offload",
+    ),
+    "MEMORY_RELEASE": (
+        {"enable_memory_saver": "--enable-memory-saver", "enable_weights_cpu_backup": "--enable-weights-cpu-backup"},
+        "the kernel keeps pointers to the weights and caches that a memory release frees or moves",
+        "start the server without --enable-memory-saver and --enable-weights-cpu-backup",
+    ),
+    "CPU_OFFLOAD": (
+        {"cpu_offload_gb": "--cpu-offload-gb", "offload_group_size": "--offload-group-size"},
+        "the kernel reads every covered layer's weights from GPU memory",
+        "start the server without --cpu-offload-gb and --offload-group-size",
+    ),
+    "TORCH_COMPILE": (
+        {"enable_torch_compile": "--enable-torch-compile"},
+        "the spec's forward replaces the model's decode forward, which torch.compile would trace",
+        "start the server without --enable-torch-compile",
+    ),
+}
+#: Features that only occur together with another one, whose reason says what to change.
+FEATURES_COVERED_BY = {"RAGGED_VERIFY": "SPECULATIVE_DECODING", "EAGLE3_HIDDEN_STATES": "SPECULATIVE_DECODING"}
+
+
+def feature_reasons(cfg: Any) -> list[str]:
+    """SGLang's refused-by-default features this server uses, each with the flag to drop.
+
+    Which features are in use is SGLang's own probe (`binding.features_in_use`), so the
+    refusal fires exactly when SGLang's generic one would have."""
+    from sglang.srt.kernel_plugins.amd.binding import features_in_use
+
+    in_use = {f.name for f in features_in_use(cfg)}
+    reasons = []
+    for name, (flags, why, fix) in FEATURES.items():
+        if name in in_use:
+            reasons.append(f"{_flags_set(cfg, flags)}: {why}; {fix}")
+    for name, covering in FEATURES_COVERED_BY.items():
+        if name in in_use and covering not in in_use:  # cannot happen in SGLang 0.5.23
+            reasons.append(f"{name.lower().replace('_', ' ')} is in use: {FEATURES[covering][2]}")
+    return reasons
+
+
+def hf_shape_reasons(hf_config: Any, hf_values: Mapping[str, Any]) -> list[str]:
+    """The HF config values the kernel is compiled for (exact, compared as SGLang compares
+    `Requirements.hf_config`), in one reason that lists every mismatch."""
+    wrong = [
+        f"{key} {_get(hf_config, key)!r}, not {want!r}"
+        for key, want in hf_values.items()
+        if _get(hf_config, key) != want
     ]
+    if not wrong:
+        return []
+    return [
+        f"the model config is not GLM-5.3's ({'; '.join(wrong)}): the kernel is compiled for "
+        "GLM-5.3's shapes; serve the GLM-5.3 FP8 checkpoint with its config.json unchanged"
+    ]
+
+
+#: mono-glm53's own environment variables -> (the values each takes, "" = unset; the
+#: values a refusal suggests).
+CHECK_ON = ("1", "true", "yes", "on")
+CHECK_OFF = ("", "0", "false", "no", "off")
+MONO_ENV = {
+    "MONO_GLM53_LAYER": (("", "kernel", "reference"), ("kernel (the default)", "reference")),
+    "MONO_GLM53_KERNEL_MODE": (("", "fused", "staged"), ("fused (the default)", "staged")),
+    "SGLANG_AMD_MONO_CHECK": (CHECK_OFF + CHECK_ON, ("1 (check mode)", "0 (the default)")),
+}
+
+
+def mono_env_reasons() -> list[str]:
+    """Unknown values of mono's environment variables, refused before the weights load
+    (build and check mode read them only at install, after the load)."""
+    import os
+
+    reasons = []
+    for name, (allowed, shown) in MONO_ENV.items():
+        value = os.environ.get(name, "").strip().lower()
+        if value not in allowed:
+            reasons.append(
+                f"{name}={os.environ[name]!r} is not a value mono-glm53 knows: set "
+                f"{' or '.join(f'{name}={v}' for v in shown)}, or unset it"
+            )
+    fault = os.environ.get("MONO_GLM53_FAULT", "").strip()
+    if fault:
+        from mono_glm53.kernels.layer import fault_stage
+
+        try:
+            fault_stage(0, fault)
+        except ValueError as exc:
+            reasons.append(f"{exc}; or unset MONO_GLM53_FAULT (it injects a wait fault, for tests only)")
+    from mono_common.guard_host import DEFAULT_MODE, MODE_ENV, MODES
+
+    mode = os.environ.get(MODE_ENV, "")
+    if mode and mode not in MODES:
+        reasons.append(
+            f"{MODE_ENV}={mode!r} is not a guard mode: set {MODE_ENV}="
+            f"{' or '.join(MODES)} (default {DEFAULT_MODE}), or unset it"
+        )
+    return reasons
+
+
+def config_reasons(
+    cfg: Any,
+    hf_config: Any,
+    *,
+    widths_by_tp: Mapping[int, Sequence[int]],
+    hf_values: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Every reason GLM-5.3's kernel refuses this server before load, all at once, each once.
+
+    A check that fails on a value of an unexpected type (a hand-edited config.json) becomes
+    a reason naming what it checked, never a traceback in the launcher."""
+    checks = (
+        ("the server's features", lambda: feature_reasons(cfg)),
+        ("the checkpoint's quantization", lambda: checkpoint_reasons(cfg, hf_config)),
+        ("the model config's shapes", lambda: hf_shape_reasons(hf_config, hf_values or {})),
+        ("the server arguments", lambda: server_arg_reasons(cfg)),
+        ("SGLang's environment variables", env_reasons),
+        ("mono-glm53's environment variables", mono_env_reasons),
+        ("the model config", lambda: model_config_reasons(cfg, hf_config)),
+        ("the decode CUDA graph sizes", lambda: capture_reasons(cfg, widths_by_tp=widths_by_tp)),
+        ("check mode", lambda: check_mode_reasons(cfg)),
+    )
+    reasons: list[str] = []
+    for what, check in checks:
+        try:
+            reasons += check()
+        except Exception as exc:  # noqa: BLE001 - a malformed value is a refusal, not a crash
+            reasons.append(
+                f"{what} could not be checked ({type(exc).__name__}: {exc}): a value has an "
+                "unexpected type or form; serve GLM-5.3's config.json unchanged with the flags "
+                "mono-glm53's README shows"
+            )
+    return _dedupe(reasons)
 
 
 # ---------------------------------------------------------------------------

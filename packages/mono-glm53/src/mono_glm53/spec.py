@@ -9,15 +9,17 @@ Registration: the `sglang.srt.plugins` entry point `mono_glm53 =
 mono_glm53.plugin:register` calls `register(backend="amd",
 architecture="GlmMoeDsaForCausalLM", path="mono_glm53.spec:SPEC")`.
 
-Where refusals are stated. `Requirements` declares what the kernel is built for
-(dtype, the DSA decode attention backend, the server arguments, the HF config shape
-values and SGLang environment variables), and SGLang checks it in its own words
-("page_size 16 is not one of ['64']"). `config_disable_reasons` checks the same
-server arguments and environment again, to say which flag fixes each one ("page size
-16 is not 64: start the server with --page-size 64"), plus everything Requirements
-cannot state (the checkpoint's quantization config, scaled RoPE, the rotary table
-length, the DSA indexer kind, the captured graph sizes). So a refused server
-argument is listed twice, once in each wording; the second says what to pass.
+Where refusals are stated, each once. SGLang checks, in its own words that list the
+accepted values: the GPU's ISA (`devices`), the TP size (`DeviceLimits.tp_sizes`), the
+dtype and the decode attention backend (`Requirements`), the watchdog and the bitwise
+flags. Everything else is checked by `config_disable_reasons` (refusals.config_reasons),
+in words that name the flag, variable or config value to change ("page size 16 is not
+64: start the server with --page-size 64"): the server arguments (SERVER_ARGS), SGLang's
+environment variables (ENV), the HF config's shapes (HF_CONFIG), the refused-by-default
+SGLang features (FEATURES), mono's own environment variables, the checkpoint's
+quantization config, scaled RoPE, the rotary table length, the DSA indexer kind and the
+captured graph sizes. Those are not also given to SGLang, which would refuse them a second
+time in its generic words.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 from sglang.kernels.plugin_kernels.amd.spec import (
     DeviceLimits,
+    Feature,
     MonoSpec,
     Numerics,
     NumericsKind,
@@ -45,6 +48,7 @@ SGLANG_READS = (
     "sglang.kernels.plugin_kernels.amd.spec.BuildContext",
     "sglang.kernels.plugin_kernels.amd.spec.MONOKERNEL_API_VERSION",
     "sglang.srt.server_args.ServerArgs#tp_size",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature",
 )
 
 NAME = "mono-glm53"
@@ -144,12 +148,19 @@ ENV = {
     **{name: False for name in _r.ROUTING_OVERRIDE_ENVS},
 }
 
+#: SGLang checks dtypes and the decode attention backend in its own words, which list the
+#: accepted values (and checks the backend again on the first routed step). SERVER_ARGS, ENV
+#: and HF_CONFIG are checked by `config_disable_reasons` alone, in words that name the flag,
+#: variable or config to change: given to SGLang as well, each would be refused twice.
 REQUIREMENTS = Requirements(
     dtypes=frozenset({"bfloat16"}),
     attention_backends=_r.ATTENTION_BACKENDS,
-    server_args=SERVER_ARGS,
-    hf_config=HF_CONFIG,
-    env=ENV,
+)
+
+#: SGLang's refused-by-default features that `config_disable_reasons` refuses itself, in
+#: words naming the flag to drop (refusals.FEATURES); SGLang still refuses any other.
+FEATURES = frozenset(
+    Feature[name] for name in (*_r.FEATURES, *_r.FEATURES_COVERED_BY) if name in Feature.__members__
 )
 
 #: Check-mode bounds, `<launch>.<output>.<metric>`: launch "layer" is one covered
@@ -180,7 +191,7 @@ NUMERICS = Numerics(
 
 def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """Before load, in the launcher: every reason this server is refused, at once."""
-    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all(), hf_values=HF_CONFIG)
 
 
 def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:
@@ -198,7 +209,7 @@ def build(model: Any, hf_config: Any, context: Any) -> Any:
 SPEC = MonoSpec(
     name=NAME,
     devices=DEVICES,
-    features=frozenset(),
+    features=FEATURES,
     requires=REQUIREMENTS,
     numerics=NUMERICS,
     model_disable_reasons=model_disable_reasons,
