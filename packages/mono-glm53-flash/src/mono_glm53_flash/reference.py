@@ -84,6 +84,7 @@ __all__ = [
     "hadamard",
     "indexer_query",
     "indexer_key",
+    "kpool_compress",
     "kpool_compress_update",
     "index_logits",
     "kpool_topk",
@@ -477,6 +478,24 @@ def write_index_key(state: MlaState, page: int, row: int, k_fp8: torch.Tensor, s
     buf[s.index_page * d + 4 * row : s.index_page * d + 4 * row + 4] = scale.reshape(1).float().view(torch.uint8)
 
 
+def _to_bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(BF16)
+
+
+def kpool_compress(
+    keys: torch.Tensor, scores: torch.Tensor, ape: torch.Tensor, to_bf16: Callable[[torch.Tensor], torch.Tensor] = _to_bf16
+) -> torch.Tensor:
+    """One pooled index key before its fp8 quantisation, as the key compression kernels form
+    it: keys, scores [kpool, D] (bf16) and ape [kpool, D] fp32 -> softmax over the kpool slots
+    of (score + ape) per dim (fp32, max-subtracted), the weighted mean of the keys rounded to
+    bf16, Hadamard-rotated and rounded to bf16 again. [D] bf16. (`to_bf16` is the rounding;
+    tests pass the Triton interpreter's, which truncates.)"""
+    sc = scores.float() + ape.float()
+    prob = torch.exp(sc - sc.max(0).values)
+    pooled = to_bf16((keys.float() * prob).sum(0) / prob.sum(0))
+    return to_bf16(hadamard(pooled))
+
+
 def kpool_compress_update(
     key: torch.Tensor, score: torch.Tensor, weights: W, state: MlaState, inp: DecodeInputs, s: FlashShape
 ) -> None:
@@ -490,7 +509,7 @@ def kpool_compress_update(
     Then the new key and score go to tail slot pos % (kpool + extra). A pad row (out_cache_loc
     0, a request index out of range or a position past seq_len) writes nothing.
     """
-    ape = weights["self_attn.indexer.index_kpool_compress_ape"].float()
+    ape = weights["self_attn.indexer.index_kpool_compress_ape"]
     kp, tail = s.index_kpool, state.tail_k.shape[1]
     for r in range(key.shape[0]):
         req, pos = int(inp.req_pool_indices[r]), int(inp.positions[r])
@@ -499,18 +518,10 @@ def kpool_compress_update(
             continue
         slot = pos % kp
         if slot == kp - 1:
-            start = pos - slot
-            ks, ss = [], []
-            for j in range(kp):
-                phys = (start + j) % tail
-                cur = j == slot
-                ks.append(key[r].float() if cur else state.tail_k[req, phys].float())
-                ss.append(score[r].float() if cur else state.tail_score[req, phys].float())
-            sc = torch.stack(ss) + ape
-            prob = torch.exp(sc - sc.max(0).values)
-            pooled = ((torch.stack(ks) * prob).sum(0) / prob.sum(0)).to(BF16)
-            pooled = hadamard(pooled).to(BF16)
-            k_fp8, k_scale = act_quant(pooled[None], s.index_head_dim, round_scale=True)
+            phys = [(pos - slot + j) % tail for j in range(kp)]
+            keys = torch.stack([key[r] if j == slot else state.tail_k[req, p] for j, p in enumerate(phys)])
+            scores = torch.stack([score[r] if j == slot else state.tail_score[req, p] for j, p in enumerate(phys)])
+            k_fp8, k_scale = act_quant(kpool_compress(keys, scores, ape)[None], s.index_head_dim, round_scale=True)
             page, row = _index_page_row(inp, r, pos, s)
             write_index_key(state, page, row, k_fp8[0], k_scale[0], s)
         state.tail_k[req, pos % tail] = key[r]

@@ -136,7 +136,8 @@ def _fp8(out: dict, name: str, w: torch.Tensor, block: int) -> None:
 def _common(g: torch.Generator, s: FlashShape) -> dict[str, torch.Tensor]:
     w: dict[str, torch.Tensor] = {}
     for side in ("attn", "ffn"):
-        w[f"hc_{side}_fn"] = _randn(g, s.mix_hc, s.hc_dim, std=0.5)
+        # mixes of unit-RMS streams ~ N(0, 1): Sinkhorn and the sigmoids stay unsaturated
+        w[f"hc_{side}_fn"] = _randn(g, s.mix_hc, s.hc_dim, std=s.hc_dim**-0.5)
         w[f"hc_{side}_base"] = _randn(g, s.mix_hc, std=0.5)
         w[f"hc_{side}_scale"] = 0.5 + torch.rand(3, generator=g)
     w["input_layernorm.weight"] = (1 + _randn(g, s.hidden, std=0.1)).to(BF16)
