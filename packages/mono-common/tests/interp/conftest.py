@@ -10,7 +10,8 @@ import pytest  # noqa: E402
 
 # @triton.jit decides at decoration time whether a kernel is interpreted. If another folder of
 # the same pytest run imported the device modules first, they are compiled kernels: skip.
-_ALREADY = [m for m in ("mono_common.device.guard", "mono_common.device.allreduce") if m in sys.modules]
+_ALREADY = [m for m in ("mono_common.device.guard", "mono_common.device.allreduce", "mono_common.stages.numerics")
+            if m in sys.modules]
 
 
 def _old_interpreter():

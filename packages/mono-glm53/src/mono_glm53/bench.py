@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import fp8 as fp8_mod
+from mono_common.ref import fp8 as fp8_mod
 from .config import REAL, GlmLayerShape, tiny
 from .reference import DecodeInputs, LayerCaches, decoder_layer
 from .weights import make_caches, make_weights, weight_bytes

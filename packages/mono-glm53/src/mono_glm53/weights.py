@@ -50,7 +50,7 @@ import os
 import torch
 
 from .config import GlmLayerShape
-from .fp8 import block_dequant, block_quant, index_k_quant
+from mono_common.ref.fp8 import block_dequant, block_quant, index_k_quant
 from .reference import DecodeInputs, LayerCaches
 
 __all__ = [

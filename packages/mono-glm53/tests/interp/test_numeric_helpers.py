@@ -41,7 +41,7 @@ def test_bf16_and_e4m3_rounding_match_torch():
 
 
 def test_index_quant_matches_reference():
-    from mono_glm53.fp8 import act_quant, index_k_quant
+    from mono_common.ref.fp8 import act_quant, index_k_quant
 
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1)).bfloat16().float()
     for plain in (True, False):

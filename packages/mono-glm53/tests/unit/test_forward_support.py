@@ -28,8 +28,8 @@ from torch import nn
 
 from mono_glm53 import reference as ref
 from mono_glm53.config import tiny
-from mono_glm53.fp8 import FP8_DTYPE
-from mono_glm53.rope import rope_cos_sin
+from mono_common.ref.fp8 import FP8_DTYPE
+from mono_common.ref.rope import rope_cos_sin
 from mono_glm53.weights import make_caches, make_weights
 
 BF16 = torch.bfloat16

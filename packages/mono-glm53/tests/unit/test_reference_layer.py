@@ -13,7 +13,8 @@ import copy
 import pytest
 import torch
 
-from mono_glm53 import bench, fp8, rope
+from mono_common.ref import fp8, rope
+from mono_glm53 import bench
 from mono_glm53 import reference as R
 from mono_glm53.config import REAL, GlmLayerShape, tiny
 from mono_glm53.weights import (

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mono_glm53 import fp8, rope
+from mono_common.ref import fp8, rope
 from mono_glm53 import reference as R
 from mono_glm53.config import tiny
 from mono_glm53.weights import shuffle_weight_16x16
@@ -204,7 +204,7 @@ _INTERP_SCRIPT = textwrap.dedent(
     import os, sys, torch
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path[:0] = sys.argv[1].split(os.pathsep)
-    from mono_glm53 import fp8
+    from mono_common.ref import fp8
     from sglang.kernels.ops.quantization import fp8_kernel as K
     from sglang.kernels.ops.quantization.act_quant_triton import act_quant
     torch.manual_seed(9)

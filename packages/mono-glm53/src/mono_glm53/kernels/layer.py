@@ -250,10 +250,10 @@ _COS_SIN: dict[tuple, torch.Tensor] = {}
 
 
 def cos_sin_cache(s: GlmLayerShape, n_pos: int, device) -> torch.Tensor:
-    """fp32 [n_pos, rope] = cos | sin, the values `mono_glm53.rope.rope_cos_sin` gives. One
+    """fp32 [n_pos, rope] = cos | sin, the values `mono_common.ref.rope.rope_cos_sin` gives. One
     table per (rope dims, theta, positions, device), shared by every kernel object: at the
     served context a table is tens of MB, and the server builds one kernel per width."""
-    from mono_glm53.rope import rope_cos_sin
+    from mono_common.ref.rope import rope_cos_sin
 
     key = (s.qk_rope, float(s.rope_theta), int(n_pos), str(torch.device(device)))
     if key not in _COS_SIN:

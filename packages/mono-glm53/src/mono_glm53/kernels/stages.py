@@ -63,8 +63,6 @@ with no reduction tree (whose order is the compiled layout's, which the fused an
 binary may choose differently), so fused and staged results are bit-identical.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -72,6 +70,16 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
+from mono_common.stages.gemv import FMT_FP8, gemv_span
+from mono_common.stages.gemv import gemv_tile as _gemv_tile
+# the library's numerics under the names the stage bodies use
+from mono_common.stages.numerics import bf16r as _bf16
+from mono_common.stages.numerics import div_rn as _div
+from mono_common.stages.numerics import dot as _dot
+from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
+from mono_common.stages.numerics import e4m3_val as _e4m3_val
+from mono_common.stages.numerics import quant_blocks as _quant_blocks
+from mono_common.stages.numerics import rbf as _rbf
 from mono_glm53.kernels import ptable as P
 
 NSTAGES = 21
@@ -89,10 +97,6 @@ STAMP_W = tl.constexpr(2 * NSTAGES + 2)
 # The counter of the hand-off inside POSTNORM (all-reduce point 1, R > 1): past the stage
 # hand-offs' counters 0..NSTAGES-2.
 STAGE_AR1 = tl.constexpr(NSTAGES - 1)
-# The Triton 3.8 interpreter computes bf16 x bf16 tl.dot wrongly (garbage), so under
-# TRITON_INTERPRET=1 the dots run on the fp32 upcasts with IEEE precision: the same value
-# (bf16 products are exact in fp32, fp32 accumulation); compiled code uses bf16 tensor cores.
-_INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -128,73 +132,6 @@ def _sl(row, slot: tl.constexpr):
 def _si(row, slot: tl.constexpr):
     """The integer scalar in `slot` of a pointer-table row, as int32."""
     return tl.load(row + slot, volatile=True).to(tl.int32)
-
-
-@triton.jit
-def _dot(a, b):
-    """bf16 x bf16 -> fp32 dot (operands are rounded to bf16 first)."""
-    if _INTERP:
-        r = tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32),
-                   input_precision="ieee")
-    else:
-        r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    return r
-
-
-@triton.jit
-def _rbf(x):
-    """fp32 -> bf16, round to nearest even. The interpreter's own cast truncates, so there
-    the rounding is done on the bits (finite values; the +0x7FFF carry is RNE)."""
-    if _INTERP:
-        b = x.to(tl.int32, bitcast=True)
-        b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
-        y = b.to(tl.float32, bitcast=True).to(tl.bfloat16)
-    else:
-        y = x.to(tl.bfloat16)
-    return y
-
-
-@triton.jit
-def _bf16(x):
-    """Round fp32 to bf16 and back (SGLang stores bf16 between ops)."""
-    return _rbf(x).to(tl.float32)
-
-
-@triton.jit
-def _div(a, b):
-    """Correctly rounded fp32 division (Triton's `/` may lower to an approximate divide, and the
-    FP8 scales must match torch's bit for bit)."""
-    return tl.math.div_rn(a, b)
-
-
-@triton.jit
-def _e4m3_bits(x):
-    """fp32 -> e4m3fn bits (int32 0..255), round to nearest even, saturating at 448 (torch's
-    clamp-then-cast). The interpreter's own fp32->fp8 cast rounds differently, hence the ints."""
-    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-    bits = x.to(tl.int32, bitcast=True)
-    sign = (bits >> 31) & 1
-    ab = bits & 0x7FFFFFFF
-    e = (ab >> 23) - 127
-    # normal: round the 23-bit mantissa to 3 bits on the (exp|mant) word, then rebias 127 -> 7
-    rnd = (ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20
-    normal = rnd - (120 << 3)
-    # subnormal (|x| < 2^-6): value = m * 2^-9 with m rounded to nearest even
-    a = ab.to(tl.float32, bitcast=True) * 512.0
-    fl = tl.floor(a)
-    fr = a - fl
-    fli = fl.to(tl.int32)
-    up = (fr > 0.5) | ((fr == 0.5) & ((fli & 1) == 1))
-    sub = fli + up.to(tl.int32)
-    code = tl.where(e >= -6, normal, sub)
-    code = tl.minimum(code, 0x7E)
-    return code | (sign << 7)
-
-
-@triton.jit
-def _e4m3_val(code):
-    """e4m3fn bits (int32) -> fp32 value."""
-    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -241,62 +178,6 @@ def _hadamard(src_ptr, D: tl.constexpr, hscale):
         p = p ^ (p >> 1)
         acc += tl.where((p & 1) == 0, 1.0, -1.0) * tl.load(src_ptr + i)
     return acc * hscale
-
-
-@triton.jit
-def _quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr):
-    """fp32 [D] (bf16 values) -> (e4m3 values as bf16 [D], fp32 scale per BLK group [D // BLK]):
-    the same quantisation `_gemv_tile` applies to its input, done once by the producer."""
-    v2 = tl.reshape(v, [D // BLK, BLK])
-    sxq = _div(tl.maximum(tl.max(tl.abs(v2), 1), 1e-10), 448.0)
-    inv = _div(tl.full([D // BLK], 1.0, tl.float32), sxq)
-    q = _e4m3_val(_e4m3_bits(v2 * inv[:, None])).to(tl.bfloat16)
-    return tl.reshape(q, [D]), sxq
-
-
-@triton.jit
-def _gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
-               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
-               KS: tl.constexpr, FP8: tl.constexpr, xs_ptr=None, PREQ: tl.constexpr = False):
-    """Tile t of out[ks, :W, n-block] = x[:W, k-slice] @ w[n-block, k-slice]^T (split-K partial;
-    the consumer sums the KS partials in fixed order, so results do not depend on timing).
-
-    FP8: w is e4m3 bits (uint8) with fp32 block scales s[n // BLK, k // BLK], and x (bf16) is
-    quantised per row and BLK-group to e4m3 first, as SGLang's per_token_group_quant before its
-    block FP8 GEMM; the dot of two e4m3 operands cast to bf16 has exact products. Otherwise w
-    is bf16 and the dot is bf16 x bf16 -> fp32. BN divides BLK: one weight scale per k block.
-    PREQ (FP8): x is already quantised (`_quant_blocks`: e4m3 values as bf16, row stride sx)
-    with its scales at xs_ptr [W, K // BLK]: the same bits, without requantising x per tile."""
-    nt = t // KS
-    ks = t % KS
-    KSL: tl.constexpr = K // KS
-    NKB: tl.constexpr = (K + BLK - 1) // BLK
-    rows = tl.arange(0, BM)
-    cols = nt * BN + tl.arange(0, BN)
-    kk = tl.arange(0, BLK)
-    rmask = rows < W
-    cmask = cols < N
-    acc = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(ks * KSL, ks * KSL + KSL, BLK):
-        x = tl.load(x_ptr + rows[:, None] * sx + (k0 + kk)[None, :], mask=rmask[:, None], other=0.0)
-        x = x.to(tl.float32)
-        wp = w_ptr + cols[:, None].to(tl.int64) * K + (k0 + kk)[None, :]
-        if FP8:
-            w = tl.load(wp, mask=cmask[:, None], other=0).to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-            sw = tl.load(s_ptr + ((nt * BN) // BLK) * NKB + k0 // BLK)
-            if PREQ:
-                sxq = tl.load(xs_ptr + rows * NKB + k0 // BLK, mask=rmask, other=0.0)
-                xq = x.to(tl.bfloat16)
-            else:
-                sxq = _div(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
-                inv = _div(tl.full([BM], 1.0, tl.float32), sxq)
-                xq = _e4m3_val(_e4m3_bits(x * inv[:, None])).to(tl.bfloat16)
-            acc += _dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
-        else:
-            w = tl.load(wp, mask=cmask[:, None], other=0.0).to(tl.bfloat16)
-            acc += _dot(x.to(tl.bfloat16), tl.trans(w))
-    op = out_ptr + ks * (W * NSTR) + rows[:, None] * NSTR + cols[None, :]
-    tl.store(op, acc, mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit
@@ -362,9 +243,9 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, NQKV: tl.constexpr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
-               KS1: tl.constexpr, KSI: tl.constexpr):
+               KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
+               DOTF: tl.constexpr):
     NIKW: tl.constexpr = ID + IH
-    T1: tl.constexpr = ((NQKV + BN - 1) // BN) * KS1
     if INDEXER:
         if IDX_FUSED:
             T2: tl.constexpr = ((NIKW + BN - 1) // BN) * KSI  # bf16 [wk | weights_proj]
@@ -375,17 +256,18 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     else:
         T2: tl.constexpr = 0
         T3: tl.constexpr = 0
-    # one loop per GEMV (same tile assignment as one loop over all): what each hoists out of
-    # its loop is then live during that loop only (gfx950 has ~100 scalar registers)
-    for t in range(pid, T1, nprog):
-        _gemv_tile(t, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BN, BLK, KS1, True)
-    for t in range(_first_tile(pid, nprog, T1), T1 + T2, nprog):
+    # q_a/kv_a (16 MB at GLM-5.3's shape): one stream-K span a program, every program the same
+    # bytes (KS1 partial slots). One loop per indexer GEMV after it: what each hoists out of
+    # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
+    gemv_span(pid, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
+              DOT=DOTF)
+    for t in range(pid, T2, nprog):
         if IDX_FUSED:
-            _gemv_tile(t - T1, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
+            _gemv_tile(t, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
         else:
-            _gemv_tile(t - T1, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True)
-    for t in range(_first_tile(pid, nprog, T1 + T2), T1 + T2 + T3, nprog):
-        _gemv_tile(t - T1 - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
+            _gemv_tile(t, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True)
+    for t in range(_first_tile(pid, nprog, T2), T2 + T3, nprog):
+        _gemv_tile(t - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
 
 
 @triton.jit
@@ -477,17 +359,13 @@ def stage_latent(pid, nprog, row,
 @triton.jit
 def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_ptr,
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
-             NIQ: tl.constexpr, INDEXER: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
-             KS3: tl.constexpr, KSQ: tl.constexpr):
-    T1: tl.constexpr = ((NQB + BN - 1) // BN) * KS3
+             NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
+             PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr):
+    # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program
+    gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, DOT=DOTF)
     if INDEXER:
-        T2: tl.constexpr = ((NIQ + BN - 1) // BN) * KSQ
-    else:
-        T2: tl.constexpr = 0
-    for t in range(pid, T1, nprog):  # one loop per GEMV, as stage_qkva
-        _gemv_tile(t, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BN, BLK, KS3, True)
-    for t in range(_first_tile(pid, nprog, T1), T1 + T2, nprog):
-        _gemv_tile(t - T1, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BN, BLK, KSQ, True)
+        gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
+                  DOT=DOTF)
 
 
 @triton.jit
@@ -819,10 +697,8 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
 @triton.jit
 def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
                 W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, KO: tl.constexpr,
-                BN: tl.constexpr, BLK: tl.constexpr, KS9: tl.constexpr):
-    T: tl.constexpr = ((H + BN - 1) // BN) * KS9
-    for t in range(pid, T, nprog):
-        _gemv_tile(t, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BN, BLK, KS9, True)
+                BNS: tl.constexpr, BLK: tl.constexpr, PER9: tl.constexpr, DOTF: tl.constexpr):
+    gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF)
 
 
 @triton.jit
@@ -1161,7 +1037,8 @@ def layer_kernel(
     # tiling
     BN: tl.constexpr, KS1: tl.constexpr, KSI: tl.constexpr, KS3: tl.constexpr,
     KSQ: tl.constexpr, KS9: tl.constexpr, BNR: tl.constexpr, KSR: tl.constexpr,
-    KSG: tl.constexpr, BND: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, VB: tl.constexpr,
+    KSG: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr, PER3: tl.constexpr, PERQ: tl.constexpr,
+    PER9: tl.constexpr, DOTF: tl.constexpr, BND: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, VB: tl.constexpr,
     BI: tl.constexpr, TB: tl.constexpr,
     # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
     # ARB the column block of all-reduce point 1
@@ -1209,7 +1086,8 @@ def layer_kernel(
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
-                       _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI)
+                       _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI,
+                       BNS, PER1, DOTF)
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
@@ -1224,7 +1102,7 @@ def layer_kernel(
         if ok:
             stage_qb(pid, nprog, _p(row, P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
-                     W, BM, QL, NQB, NIQ, INDEXER, BN, BLK, KS3, KSQ)
+                     W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1297,7 +1175,7 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
-                        _p(row, P.OP, f32), W, BM, H, NH * VD, BN, BLK, KS9)
+                        _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF)
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,

@@ -1,0 +1,55 @@
+"""Standalone entries of the library stages: each stage alone in its own small launch.
+
+Each entry runs a stage the way a layer kernel calls it (grid = the resident programs, tiles
+shared among them) over L weight sets in a row (layer l reads w + l * w_lstride), with a grid
+hand-off after each when BAR is set (what a stage costs inside a layer: its own time plus one
+hand-off) or none (the stage's streaming rate). Used by the interpreter tests (L = 1, BAR off)
+and by `mono bench stages`.
+
+  gemv_entry   `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.stages.gemv import gemv_span, gemv_tile
+
+
+@triton.jit
+def grid_handoff(bar_ptr, target):
+    """Every program arrives (release), then waits until `target` arrivals (acquire). bar_ptr
+    holds 2 int32 words (counter, spare zero): the poll is a 2-lane atomic, never single-lane.
+    Bench-only: no deadline (the layer kernels use mono_common.device.guard)."""
+    tl.debug_barrier()
+    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    lanes = bar_ptr + tl.arange(0, 2)
+    v = tl.max(tl.atomic_add(lanes, tl.zeros([2], tl.int32), sem="acquire", scope="gpu"), 0)
+    while v < target:
+        v = tl.max(tl.atomic_add(lanes, tl.zeros([2], tl.int32), sem="acquire", scope="gpu"), 0)
+    tl.debug_barrier()
+
+
+@triton.jit
+def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, N, L, w_lstride, s_lstride, o_lstride,
+               NSTR: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
+               SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr, PRE: tl.constexpr,
+               DOT: tl.constexpr, BAR: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    T = ((N + BN - 1) // BN) * KS
+    wl = w_ptr
+    sl = s_ptr
+    ol = out_ptr
+    for li in range(L):
+        if SPAN:
+            gemv_span(pid, x_ptr, K, wl, sl, ol, N, NSTR, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT)
+        else:
+            for t in range(pid, T, nprog):
+                gemv_tile(t, x_ptr, K, wl, sl, ol, N, NSTR, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT)
+        if BAR:
+            grid_handoff(bar_ptr, (li + 1) * nprog)
+        # advanced as pointers (64-bit): L sets of a large weight pass 2^31 bytes
+        wl += w_lstride
+        sl += s_lstride
+        ol += o_lstride

@@ -1,0 +1,183 @@
+"""GEMV tiles over block-scaled weights: out[:W] = x[:W] @ w^T for decode steps of 1-16 rows.
+
+Layouts (row-major, as SGLang leaves a block-FP8 linear after loading on CUDA):
+  x    [W, K] bf16 (row stride sx); or pre-quantised (XQ): e4m3 values held as bf16 at x_ptr and
+       fp32 scales xs [W, K // BLK] (`numerics.quant_blocks`, SGLang's per_token_group_quant)
+  w    [N, K]: FMT_FP8 e4m3 bits as uint8 with fp32 block scales s [cdiv(N, BLK), K // BLK];
+       FMT_BF16 bf16 (s unused). MXFP4 is a third format to add here (its scale gather differs).
+  out  fp32 partial sums [SLOTS, W, NSTR]: the consumer adds the SLOTS partials of a column in
+       slot order (`sum_slots`), so results never depend on timing or on the compiled layout.
+
+Numerics: per K block, dot(xq, w^T) of e4m3 values in bf16 (exact products, fp32 accumulation
+on tensor cores) times s_x[row, kb] * s_w[col // BLK, kb], summed over blocks in K order, as
+SGLang's block FP8 GEMM (DeepGEMM / triton_w8a8_block_fp8_linear). W rows are padded to
+BM >= 16 for tl.dot (rows past W are masked: zeros in, nothing out).
+
+Two ways to split the work over the resident programs:
+  * `gemv_tile` (split-K): tile t = (column tile t // KS, K slice t % KS); partial slot = slice.
+  * `gemv_span` (stream-K): the (column tile, K block) items are cut into equal spans of `PER`
+    items, one span a program, so every program reads the same bytes whatever N and K are; a
+    column tile's partials go to slot (program - first program touching that tile). Slots no
+    program writes stay as allocated (zero), so the consumer sums a fixed count of slots.
+A column tile is BN columns (a multiple of 16, BN <= 2 * BLK: each K step loads a [BN, BLK]
+weight block, BN * BLK bytes in flight per program per step for FP8). PRE issues the next
+block's weight load before the current block's math (a register double buffer), so two blocks
+are in flight.
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.stages.numerics import dot, dot_fp8, quant_rows
+
+FMT_BF16 = tl.constexpr(0)
+FMT_FP8 = tl.constexpr(1)
+# The MMA's operand order: x [BM, BLK] @ w^T (rows padded to BM >= 16 on the M side), or
+# swap-AB w [BN, BLK] @ x^T (columns on the M side, rows on N), in bf16 or, for FP8 weights,
+# with both operands e4m3 (FP8 tensor cores; their in-block accumulation is not exact fp32).
+DOT_XW = tl.constexpr(0)
+DOT_WX = tl.constexpr(1)
+DOT_WX_FP8 = tl.constexpr(2)
+
+
+@triton.jit
+def _load_w(w_ptr, cols, cmask, kb, K: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, ok=True):
+    kk = tl.arange(0, BLK)
+    wp = w_ptr + cols[:, None].to(tl.int64) * K + (kb * BLK + kk)[None, :]
+    if FMT == FMT_FP8:
+        w = tl.load(wp, mask=cmask[:, None] & ok, other=0)
+    else:
+        w = tl.load(wp, mask=cmask[:, None] & ok, other=0.0)
+    return w
+
+
+@triton.jit
+def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
+            K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
+            DOT: tl.constexpr):
+    """acc += the contribution of K block kb, its weight block w [BN, BLK] loaded. acc is
+    [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side)."""
+    NKB: tl.constexpr = K // BLK
+    kk = tl.arange(0, BLK)
+    x = tl.load(x_ptr + rows[:, None] * sx + (kb * BLK + kk)[None, :], mask=rmask[:, None], other=0.0)
+    if FMT == FMT_FP8:
+        sw = tl.load(s_ptr + (cols // BLK) * NKB + kb, mask=cmask, other=0.0)
+        if XQ:
+            sxq = tl.load(xs_ptr + rows * NKB + kb, mask=rmask, other=0.0)
+            xq = x.to(tl.bfloat16)
+        else:
+            xq, sxq = quant_rows(x.to(tl.float32), BM)
+        if DOT == DOT_XW:
+            wv = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            acc += dot(xq, tl.trans(wv)) * (sxq[:, None] * sw[None, :])
+        elif DOT == DOT_WX:
+            wv = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            acc += dot(wv, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
+        else:
+            acc += dot_fp8(w, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
+    else:
+        if DOT == DOT_XW:
+            acc += dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+        else:
+            acc += dot(w.to(tl.bfloat16), tl.trans(x.to(tl.bfloat16)))
+    return acc
+
+
+@triton.jit
+def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
+           K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
+           XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr):
+    """acc += K blocks kb0 .. kb1-1 of one column tile, in K order."""
+    if PRE:
+        wn = _load_w(w_ptr, cols, cmask, kb0, K, BLK, FMT)
+        for kb in range(kb0, kb1):
+            w = wn
+            wn = _load_w(w_ptr, cols, cmask, kb + 1, K, BLK, FMT, kb + 1 < kb1)
+            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT)
+    else:
+        for kb in range(kb0, kb1):
+            w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
+            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT)
+    return acc
+
+
+@triton.jit
+def _zero_acc(BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr):
+    if DOT == DOT_XW:
+        acc = tl.zeros([BM, BN], tl.float32)
+    else:
+        acc = tl.zeros([BN, BM], tl.float32)
+    return acc
+
+
+@triton.jit
+def _store(o_ptr, acc, rows, rmask, cols, cmask, NSTR: tl.constexpr, DOT: tl.constexpr):
+    """acc -> o[row, col] (row stride NSTR), transposed back for the swapped forms."""
+    if DOT == DOT_XW:
+        tl.store(o_ptr + rows[:, None] * NSTR + cols[None, :], acc, mask=rmask[:, None] & cmask[None, :])
+    else:
+        tl.store(o_ptr + rows[None, :] * NSTR + cols[:, None], acc, mask=rmask[None, :] & cmask[:, None])
+
+
+@triton.jit
+def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
+              W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
+              KS: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
+              PRE: tl.constexpr = False, DOT: tl.constexpr = 0):
+    """Split-K tile t: out[t % KS, :W, column tile t // KS] = the K slice t % KS of x @ w^T."""
+    nt = t // KS
+    ks = t % KS
+    NKS: tl.constexpr = K // BLK // KS
+    rows = tl.arange(0, BM)
+    cols = nt * BN + tl.arange(0, BN)
+    rmask = rows < W
+    cmask = cols < N
+    acc = _zero_acc(BM, BN, DOT)
+    acc = _kloop(acc, ks * NKS, ks * NKS + NKS, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
+                 K, BM, BLK, FMT, XQ, PRE, DOT)
+    _store(out_ptr + ks * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
+
+
+@triton.jit
+def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
+              W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
+              PER: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
+              PRE: tl.constexpr = False, DOT: tl.constexpr = 0):
+    """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
+    tile-major order; each column tile it touches gets one partial in slot p - first(tile)."""
+    NKB: tl.constexpr = K // BLK
+    NT = (N + BN - 1) // BN
+    i0 = p * PER
+    i1 = tl.minimum(i0 + PER, NT * NKB)
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    i = i0
+    while i < i1:
+        nt = i // NKB
+        kb1 = tl.minimum(i1 - nt * NKB, NKB)
+        cols = nt * BN + tl.arange(0, BN)
+        cmask = cols < N
+        acc = _zero_acc(BM, BN, DOT)
+        acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
+                     K, BM, BLK, FMT, XQ, PRE, DOT)
+        slot = p - (nt * NKB) // PER
+        _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
+        i = nt * NKB + kb1
+
+
+def span_slots(K: int, BLK: int, PER: int) -> int:
+    """Partial slots a column tile can receive under `gemv_span`: the spans one tile of K // BLK
+    items can touch (host-side, for sizing the partial buffer)."""
+    nkb = K // BLK
+    return -(-(nkb - 1) // PER) + 1 if PER < nkb else 2
+
+
+@triton.jit
+def sum_slots(p_ptr, row, col0, W: tl.constexpr, NSTR: tl.constexpr, SLOTS: tl.constexpr,
+              D: tl.constexpr):
+    """Sum the SLOTS partials of out[row, col0:col0+D] in slot order (deterministic)."""
+    c = tl.arange(0, D)
+    acc = tl.zeros([D], tl.float32)
+    for s in range(SLOTS):
+        acc += tl.load(p_ptr + s * (W * NSTR) + row * NSTR + col0 + c)
+    return acc

@@ -1,0 +1,108 @@
+"""Host side of the standalone GEMV stage: plans (split-K or stream-K), buffers, launch.
+
+    plan = GemvPlan.make(N, K, W, nprog, bn=128, span=True)
+    out = run_gemv(plan, x, w, s, fmt="fp8")     # fp32 [W, N] (partials summed in slot order)
+
+Weights: w [L, N, K] uint8 e4m3 bits (or bf16) with s [L, cdiv(N, BLK), K // BLK] fp32, L >= 1
+weight sets read one after another (for timing over weights that do not fit the L2).
+torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mono_common.stages.gemv import span_slots
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvPlan:
+    """Tiling of one GEMV on `nprog` programs."""
+
+    N: int
+    K: int
+    W: int
+    nprog: int
+    BN: int
+    BLK: int = 128
+    span: bool = True  # stream-K spans (else split-K tiles)
+    KS: int = 1  # split-K factor (split-K only)
+    PER: int = 1  # items a program (stream-K only)
+    pre: bool = False
+    num_warps: int = 4
+    dot: int = 0  # stages.gemv DOT_XW (0), DOT_WX (1), DOT_WX_FP8 (2)
+
+    @property
+    def BM(self) -> int:
+        # the MMA's N side (swap-AB) takes 8 rows on sm_90 wgmma, 16 for the x @ w^T form
+        return max(16, 1 << (self.W - 1).bit_length())
+
+    @property
+    def slots(self) -> int:
+        return span_slots(self.K, self.BLK, self.PER) if self.span else self.KS
+
+    @staticmethod
+    def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
+             pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0) -> "GemvPlan":
+        if K % blk:
+            raise ValueError(f"K={K} is not a multiple of the block {blk}")
+        if bn % 16 or bn > 2 * blk:
+            raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
+        nkb = K // blk
+        items = _cdiv(N, bn) * nkb
+        if span:
+            return GemvPlan(N, K, W, nprog, bn, blk, True, 1, _cdiv(items, nprog), pre, num_warps, dot)
+        if ks is None:
+            divisors = [d for d in range(1, nkb + 1) if nkb % d == 0]
+            ks = next((d for d in divisors if _cdiv(N, bn) * d >= nprog), nkb)
+        if nkb % ks:
+            raise ValueError(f"split-K {ks} does not divide the {nkb} K blocks")
+        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot)
+
+
+def alloc_out(plan: GemvPlan, L: int, device):
+    """Zeroed partials [L, SLOTS, W, N] (slots no program writes stay zero)."""
+    import torch
+
+    return torch.zeros(L, plan.slots, plan.W, plan.N, dtype=torch.float32, device=device)
+
+
+def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrier: bool = False, xs=None):
+    """One launch over the L = w.shape[0] weight sets (`stages.entries.gemv_entry`)."""
+    import torch
+
+    from mono_common.stages.entries import gemv_entry
+    from mono_common.stages.gemv import FMT_BF16, FMT_FP8
+
+    L, N, K = w.shape
+    if (N, K) != (plan.N, plan.K) or x.shape != (plan.W, K):
+        raise ValueError(f"weights {tuple(w.shape)} / x {tuple(x.shape)} do not match the plan {plan}")
+    if bar is None:
+        bar = torch.zeros(2, dtype=torch.int32, device=x.device)
+    if barrier:
+        bar.zero_()
+    xq = xs is not None
+    # with a hand-off every program must be resident: a cooperative launch refuses a grid that
+    # is not, instead of spinning forever (an 8-warp tile at 255 registers fits once per SM)
+    coop = dict(launch_cooperative_grid=True) if barrier and x.device.type == "cuda" else {}
+    gemv_entry[(plan.nprog,)](
+        x, xs if xq else x, w, s, out, bar, N, L, w[0].numel(), s[0].numel(), out[0].numel(),
+        NSTR=N, K=K, W=plan.W, BM=plan.BM, BN=plan.BN, BLK=plan.BLK, KS=plan.KS, PER=plan.PER,
+        SPAN=plan.span, FMT=FMT_FP8.value if fmt == "fp8" else FMT_BF16.value, XQ=xq, PRE=plan.pre, DOT=plan.dot,
+        BAR=barrier, num_warps=plan.num_warps, **coop)
+    return out
+
+
+def run_gemv(plan: GemvPlan, x, w, s, fmt: str = "fp8", xs=None):
+    """fp32 [L, W, N]: every weight set's result, partials summed in slot order on the host.
+    xs: x is pre-quantised (e4m3 values as bf16) with these fp32 scales [W, K // BLK]."""
+    out = alloc_out(plan, w.shape[0], x.device)
+    launch_gemv(plan, x, w, s, out, fmt=fmt, xs=xs)
+    acc = out[:, 0].clone()
+    for j in range(1, plan.slots):
+        acc += out[:, j]
+    return acc

@@ -1,0 +1,124 @@
+"""Numerics helpers every stage shares: bf16 / e4m3 rounding, exact division, block quantisation.
+
+All functions are `@triton.jit` device functions on fp32 tensors of any shape:
+  rbf(x) -> bf16          fp32 -> bf16, round to nearest even (also under the interpreter)
+  bf16r(x) -> fp32        round to bf16 and back (SGLang stores bf16 between ops)
+  div_rn(a, b) -> fp32    correctly rounded division (scales must match torch bit for bit)
+  e4m3_bits(x) -> int32   fp32 -> e4m3fn code 0..255, RNE, saturating at +-448
+  e4m3_val(code) -> fp32  e4m3fn code -> value
+  dot(a, b) -> fp32       bf16 x bf16 -> fp32 tl.dot (fp32 IEEE upcasts under the interpreter)
+  dot_fp8(w, xt) -> fp32  e4m3 x e4m3 tl.dot on FP8 tensor cores
+  quant_blocks(v [D], D, BLK) -> (e4m3 values as bf16 [D], fp32 scale [D // BLK])
+                          per-BLK-group activation quantisation (SGLang's per_token_group_quant)
+
+Why hand-rolled: the Triton 3.8 interpreter truncates fp32 -> bf16, misrounds fp32 -> fp8 and
+computes bf16 x bf16 tl.dot wrongly; these helpers give the compiled code's bits on the CPU too.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+INTERP = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@triton.jit
+def dot(a, b):
+    """bf16 x bf16 -> fp32 dot (operands rounded to bf16 first)."""
+    if INTERP:
+        r = tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32),
+                   input_precision="ieee")
+    else:
+        r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return r
+
+
+@triton.jit
+def dot_fp8(w_bits, xq_t):
+    """e4m3 x e4m3 -> fp32 dot: w_bits uint8 e4m3 codes [M, K], xq_t e4m3 values (held as bf16)
+    [K, N]. On FP8 tensor cores (exact products; the accumulation inside one MMA keeps fewer
+    bits than fp32 on sm_90). Under the interpreter: fp32 IEEE on the upcasts."""
+    if INTERP:
+        r = tl.dot(w_bits.to(tl.float8e4nv, bitcast=True).to(tl.float32), xq_t.to(tl.float32),
+                   input_precision="ieee")
+    else:
+        r = tl.dot(w_bits.to(tl.float8e4nv, bitcast=True), xq_t.to(tl.float8e4nv))
+    return r
+
+
+@triton.jit
+def rbf(x):
+    """fp32 -> bf16, round to nearest even. The interpreter's own cast truncates, so there
+    the rounding is done on the bits (finite values; the +0x7FFF carry is RNE)."""
+    if INTERP:
+        b = x.to(tl.int32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & -65536
+        y = b.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    else:
+        y = x.to(tl.bfloat16)
+    return y
+
+
+@triton.jit
+def bf16r(x):
+    """Round fp32 to bf16 and back (SGLang stores bf16 between ops)."""
+    return rbf(x).to(tl.float32)
+
+
+@triton.jit
+def div_rn(a, b):
+    """Correctly rounded fp32 division (Triton's `/` may lower to an approximate divide, and the
+    FP8 scales must match torch's bit for bit)."""
+    return tl.math.div_rn(a, b)
+
+
+@triton.jit
+def e4m3_bits(x):
+    """fp32 -> e4m3fn bits (int32 0..255), round to nearest even, saturating at 448 (torch's
+    clamp-then-cast). The interpreter's own fp32->fp8 cast rounds differently, hence the ints."""
+    x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 31) & 1
+    ab = bits & 0x7FFFFFFF
+    e = (ab >> 23) - 127
+    # normal: round the 23-bit mantissa to 3 bits on the (exp|mant) word, then rebias 127 -> 7
+    rnd = (ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20
+    normal = rnd - (120 << 3)
+    # subnormal (|x| < 2^-6): value = m * 2^-9 with m rounded to nearest even
+    a = ab.to(tl.float32, bitcast=True) * 512.0
+    fl = tl.floor(a)
+    fr = a - fl
+    fli = fl.to(tl.int32)
+    up = (fr > 0.5) | ((fr == 0.5) & ((fli & 1) == 1))
+    sub = fli + up.to(tl.int32)
+    code = tl.where(e >= -6, normal, sub)
+    code = tl.minimum(code, 0x7E)
+    return code | (sign << 7)
+
+
+@triton.jit
+def e4m3_val(code):
+    """e4m3fn bits (int32) -> fp32 value."""
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr):
+    """fp32 [D] (bf16 values) -> (e4m3 values as bf16 [D], fp32 scale per BLK group [D // BLK]):
+    SGLang's per-token-group FP8 quantisation (scale = max(amax, 1e-10) / 448, q = x * (1 / s)),
+    done once by the producer of a GEMV's input."""
+    v2 = tl.reshape(v, [D // BLK, BLK])
+    sxq = div_rn(tl.maximum(tl.max(tl.abs(v2), 1), 1e-10), 448.0)
+    inv = div_rn(tl.full([D // BLK], 1.0, tl.float32), sxq)
+    q = e4m3_val(e4m3_bits(v2 * inv[:, None])).to(tl.bfloat16)
+    return tl.reshape(q, [D]), sxq
+
+
+@triton.jit
+def quant_rows(x, BM: tl.constexpr):
+    """fp32 [BM, BLK] (one K block of BM rows) -> (e4m3 values as bf16 [BM, BLK], fp32 scale
+    [BM]): the same quantisation as `quant_blocks`, for a GEMV tile that quantises its input."""
+    sxq = div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
+    inv = div_rn(tl.full([BM], 1.0, tl.float32), sxq)
+    return e4m3_val(e4m3_bits(x * inv[:, None])).to(tl.bfloat16), sxq

@@ -1,0 +1,38 @@
+"""The library stages on a GPU at GLM-5.3's shapes, against their references (correctness only:
+timing is `mono bench stages`)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SHAPES = [(2624, 6144), (6144, 2048), (4096, 2048), (2048, 2048)]
+PLANS = [dict(bn=128, span=True, dot=2), dict(bn=256, span=True, dot=2, num_warps=8), dict(bn=64, span=False)]
+# relative error bound vs the fp64 reference: fp32 accumulation of exact products is ~1e-7; the
+# e4m3 MMA (dot=2) accumulates inside each 128-wide block with fewer bits than fp32 on sm_90
+# (DeepGEMM promotes to fp32 per block for this reason), so its bound is looser
+BOUND = {0: 1e-6, 1: 1e-6, 2: 1e-3}
+
+
+def _nprog():
+    return 2 * torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[f"{n}x{k}" for n, k in SHAPES])
+@pytest.mark.parametrize("rows", [1, 2, 8])
+@pytest.mark.parametrize("kw", PLANS, ids=["s128f", "s256f", "k64"])
+def test_fp8_gemv_on_gpu(shape, rows, kw):
+    from mono_common.ref.gemv import block_fp8_gemv
+    from mono_common.stages.gemv_host import GemvPlan, run_gemv
+
+    n, k = shape
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = (torch.randn(2, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(2, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
+    x = torch.randn(rows, k, generator=g, device="cuda").to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, _nprog(), **kw)
+    got = run_gemv(plan, x, w.view(torch.uint8), s)
+    for li in range(2):
+        ref = block_fp8_gemv(x.cpu(), w[li].cpu(), s[li].cpu()).double()
+        rel = ((got[li].double().cpu() - ref).norm() / ref.norm()).item()
+        print(f"rel_err {n}x{k} rows {rows} {kw}: {rel:.3e}")
+        assert rel < BOUND[kw.get("dot", 0)], (li, rel)
