@@ -47,7 +47,11 @@ def hf_config() -> Any:
     GlmMoeDsaConfig defaults are GLM-5.3's shapes)."""
     from transformers import GlmMoeDsaConfig
 
-    config = GlmMoeDsaConfig(architectures=[ARCHITECTURE], quantization_config=dict(FP8_QUANTIZATION))
+    # dtype: the checkpoint's config.json says bfloat16; without it SGLang resolves float16,
+    # which the spec refuses
+    config = GlmMoeDsaConfig(
+        architectures=[ARCHITECTURE], quantization_config=dict(FP8_QUANTIZATION), torch_dtype="bfloat16"
+    )
     config.indexer_rope_interleave = True  # as the GLM-5.x checkpoints set it
     return config
 
