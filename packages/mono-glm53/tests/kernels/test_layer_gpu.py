@@ -1,11 +1,16 @@
 """GPU (H200) tests of the fused GLM-5.3 layer kernel at real shapes on random weights.
 
 Fused == reference within NUMERICS at the TP8-rank shard and the whole TP1 layer, widths
-2/4/8 (full and with a pad row), contexts 1000 / 4096 / 65536; fused == staged bit for bit
-(width 2); random per-program stage delays change no bit; 1000 replays of one captured graph
-with changing inputs equal eager launches; a pointer table first built inside a graph capture
-replays correctly; pad rows leave every other cache row untouched; with every buffer fenced
-by poisoned bands no launch reads or writes past one.
+2/4/8 (full and with a pad row), contexts 1000 / 4096 / 65536, and steps whose rows have very
+different contexts (1, a few tokens, just below / at / above the top-k, beyond 65536); fused
+== staged bit for bit (width 2); random per-program stage delays change no bit; 1000 replays
+of one captured graph with changing inputs equal eager fused AND staged launches; a pointer
+table first built inside a graph capture replays correctly; pad rows leave every other cache
+row untouched; with every buffer fenced by poisoned bands no launch reads or writes past one;
+launches started just below the int32 wraps of the targets and of the epoch run through them;
+a 1 % error in the down projection's scales fails the numerics; a stopped launch raises
+before its outputs are returned and the kernel refuses until recovered; at TP 2 a fault on
+rank 1 stops rank 0 on the abort flag (its error word says so, and when).
 """
 
 import pytest
@@ -46,6 +51,91 @@ def test_fused_matches_reference(sname, width, ctx):
         assert not failures(m), (rows, m)
 
 
+# Rows of very different contexts in ONE step: 1 token, a few, just below / at / above the
+# top-k (2048), and beyond 65536; with and without pad rows; the TP8 shard and the whole layer.
+MIXED = [
+    ("tp8", 8, (1, 5, 2047, 2048, 2049, 65537, 300, 70000)),
+    ("tp8", 4, (70000, 1, 2049)),
+    ("tp8", 2, (1, 66000)),
+    ("tp1", 4, (3, 2048, 2049, 65600)),
+]
+
+
+@pytest.mark.parametrize("sname,width,ctxs", MIXED)
+def test_fused_matches_reference_with_mixed_context_lengths(sname, width, ctxs):
+    from mono_glm53.kernels.harness import run_case
+    from mono_glm53.kernels.numerics import failures
+
+    s, w = _weights(sname)
+    modes = ("fused", "staged") if width == 2 else ("fused",)
+    m = run_case(s, width, len(ctxs), max(ctxs), True, modes=modes, device="cuda", seed=sum(ctxs) % 1000,
+                 weights=w, ctxs=ctxs)
+    assert not failures(m), (ctxs, m)
+
+
+@pytest.mark.parametrize("where", ["targets", "epoch"])
+def test_fused_launches_run_through_the_wraps(where, monkeypatch):
+    """Epochs and counters set as after `start` launches, just below where the int32 targets
+    epoch * nprog ("targets", after 2**31 / 264 = 8.1 M launches) or the epoch itself
+    ("epoch") wrap; five launches from there (fused, one staged among them) give a fresh
+    kernel's outputs bit for bit, and the counters hold the wrapped values."""
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.kernels.stages import NSTAGES
+
+    monkeypatch.setenv("MONO_GUARD_MODE", "report")  # a stop raises at the launch
+    s, w = _weights("tp8")
+    c = build_case(s, 2, 1000, True, "cuda", seed=9, weights=w)
+    want, _ = kernel_out(c, GlmLayerKernel(s, w, 2, max_seq_len=1000), "fused")
+    k = GlmLayerKernel(s, w, 2, max_seq_len=1000)
+    start = (2 ** 31 - 1) // k.nprog - 2 if where == "targets" else 2 ** 31 - 3
+    k.set_sync(start)
+
+    def wrap(v):
+        return (v + 2 ** 31) % 2 ** 32 - 2 ** 31
+
+    for n in range(1, 6):
+        got, _ = kernel_out(c, k, "staged" if n == 3 else "fused")
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), n
+        assert k.epoch.eq(wrap(start + n)).all(), n
+        assert k.cnt[: NSTAGES - 1].eq(wrap((start + n) * k.nprog)).all(), n
+
+
+def test_one_percent_down_scale_error_fails_at_real_shape():
+    """The kernel reads the routed experts' down-projection scales 1 % too large: NUMERICS must
+    fail (the MoE given the kernel's h2 off by ~1 % in norm), whatever the cosines say."""
+    from mono_glm53.kernels.harness import build_case, compare, kernel_out, reference_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.kernels.numerics import failures
+
+    s, w = _weights("tp8")
+    c = build_case(s, 2, 4096, True, "cuda", seed=17, weights=w)
+    r_out, r_caches = reference_out(c)
+    key = "mlp.experts.w2_weight_scale_inv"
+    wrong = dict(w, **{key: w[key] * 1.01})
+    k = GlmLayerKernel(s, wrong, 2, max_seq_len=4096)
+    k_out, k_caches = kernel_out(c, k, "fused")
+    m = compare(c, r_out, r_caches, k_out, k_caches, k)
+    print("\n" + "\n".join(f"  {n} = {v:.6g}" for n, v in sorted(m.items()) if "rel_l2" in n or "cosine" in n))
+    assert "glm53_layer.moe_given_h2.rel_l2_max" in failures(m), m
+
+
+def test_co_residency_check_matches_the_h200():
+    """The host check a plain launch runs (`layer.check_co_resident`) on the real compiled
+    kernel: the default grid (2 programs an SM) fits, one program more does not."""
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel, check_co_resident
+
+    s, w = _weights("tp8")
+    c = build_case(s, 2, 1000, True, "cuda", seed=5, weights=w)
+    k = GlmLayerKernel(s, w, 2, max_seq_len=1000)
+    kernel_out(c, k, "fused")
+    compiled = k.compiled["fused"]
+    check_co_resident(compiled, k.nprog, k.device)
+    with pytest.raises(RuntimeError, match=f"{k.nprog + 1} programs cannot be co-resident"):
+        check_co_resident(compiled, k.nprog + 1, k.device)
+
+
 @pytest.mark.parametrize("sname", ("tp8",))
 def test_no_indexer_layer(sname):
     from mono_glm53.kernels.harness import run_case
@@ -75,7 +165,9 @@ def test_graph_replays():
 
     s, w = _weights("tp8")
     r = graph_replay_check(s, 2, 4096, replays=1000, weights=w)
-    assert r["checks"] == 10 and r["glm53_layer.graph_replay_vs_eager.max_abs"] == 0.0, r
+    assert r["checks"] == 10, r
+    assert r["glm53_layer.graph_replay_vs_eager.max_abs"] == 0.0, r
+    assert r["glm53_layer.graph_replay_vs_staged.max_abs"] == 0.0, r
 
 
 def test_table_built_inside_graph_capture():
@@ -117,12 +209,15 @@ def test_tp_ranks_all_reduce_in_kernel(world):
         assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
 
 
-def test_injected_wait_fault_names_the_stage(monkeypatch):
+def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch):
     """MONO_GLM53_FAULT=stage12: program 0 never signals the hand-off into the MLA stage; every
-    other program's guarded wait expires and the error word names that stage (report mode)."""
-    from mono_common.errors import MonoWaitTimeout
-    from mono_glm53.kernels.harness import build_case
+    other program's guarded wait expires. Report mode: the launch raises, naming the stage,
+    before its outputs are returned; the next launch is refused; after recover() (fault
+    switch off) the kernel meets NUMERICS again."""
+    from mono_common.errors import MonoDeviceError, MonoWaitTimeout
+    from mono_glm53.kernels.harness import build_case, compare, kernel_out, reference_out
     from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.kernels.numerics import failures
     from mono_glm53.reference import LayerCaches
 
     monkeypatch.setenv("MONO_GUARD_MODE", "report")
@@ -132,18 +227,39 @@ def test_injected_wait_fault_names_the_stage(monkeypatch):
     k = GlmLayerKernel(s, w, 2, max_seq_len=1000, deadline_s=0.5)
     assert k.stall == 12
     k.set_inputs(c.hidden, c.residual, c.inputs)
-    k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
+    caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
     with pytest.raises(MonoWaitTimeout, match=r"stage 12 \(mla\)"):
-        k.guard.check()
+        k.launch(caches, "fused")
+    with pytest.raises(MonoDeviceError, match="earlier launch stopped"):
+        k.launch(caches, "fused")
+    k.stall = -1  # the fault switch off
+    k.recover()
+    r_out, r_caches = reference_out(c)
+    k_out, k_caches = kernel_out(c, k, "fused")
+    m = compare(c, r_out, r_caches, k_out, k_caches, k)
+    assert not failures(m), m
 
 
-def test_tp_injected_fault_on_one_rank_stops_every_rank(monkeypatch):
+def test_tp_injected_fault_on_one_rank_stops_the_other_on_the_abort_flag(monkeypatch):
     """MONO_GLM53_FAULT=rank1:stage12 at TP 2 side by side: rank 1 times out at the MLA
-    hand-off, raises the shared abort flag, and rank 0 stops too (no hang)."""
+    hand-off and raises the shared abort flag; rank 0 (which passed stage 12 and waits in the
+    all-reduce of stage 16, where its own deadline would expire ~0.1 ms later) must stop ON
+    THAT FLAG: its error word says "aborted by rank 1", its wait ran less than its deadline,
+    and its stop is stamped after rank 1's timeout, by how long is printed."""
+    from mono_common import errors
     from mono_glm53.config import REAL
     from mono_glm53.kernels.harness import run_tp_case
 
     monkeypatch.setenv("MONO_GLM53_FAULT", "rank1:stage12")
-    r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=0.5)
+    deadline_s = 0.5
+    r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=deadline_s)
     assert r["stopped"] == 1.0, r
-    assert "stage 12 (mla), rank 1" in r["message"] and "rank 0" in r["message"], r
+    w0, w1 = r["words"]
+    assert w1 is not None and (w1.code, w1.stage, w1.rank) == (errors.CODE_TIMEOUT, 12, 1), r
+    assert w0 is not None, f"rank 0 wrote no error word: {r}"
+    assert (w0.code, w0.rank, w0.origin) == (errors.CODE_ABORTED, 0, 1), f"rank 0 did not stop on rank 1's flag: {r}"
+    assert w0.waited < deadline_s * 1e9, r  # %globaltimer ns: stopped before its own deadline
+    lag_us = (w0.stamp - w1.stamp) / 1e3
+    print(f"\nrank 0 stopped on rank 1's abort flag {lag_us:.1f} us after rank 1's timeout "
+          f"(rank 0 in stage {w0.stage}, after waiting {w0.waited / 1e6:.3f} ms)")
+    assert 0 < lag_us < 0.5 * deadline_s * 1e6, r
