@@ -23,3 +23,7 @@ def register() -> None:
     from sglang.kernels.plugin_kernels.amd.spec import register as sglang_register
 
     sglang_register(backend="amd", architecture=ARCHITECTURE, path=SPEC_PATH)
+    # an unsupported GPU's refusal names the supported ones (SGLang's own words do not)
+    from mono_glm53.refusals import register_isa_hint
+
+    register_isa_hint()

@@ -50,6 +50,8 @@ SGLANG_READS = (
     "sglang.srt.environ.Envs.SGLANG_SIMULATE_UNIFORM_EXPERTS",
     "sglang.srt.environ.Envs.SGLANG_SIMULATE_ROUND_ROBIN_EXPERTS",
     "sglang.srt.kernel_plugins.amd.binding.covered_capture_sizes",
+    "sglang.srt.kernel_plugins.amd.binding.features_in_use",
+    "sglang.srt.arg_groups.resolution_hooks.register_resolution_hook",
     "sglang.srt.configs.model_config.dsa_layer_skips_topk",
     "sglang.srt.model_executor.cuda_graph_config.Phase.DECODE",
     "sglang.srt.server_args.ServerArgs#page_size",
@@ -602,6 +604,51 @@ def config_reasons(
                 "mono-glm53's README shows"
             )
     return _dedupe(reasons)
+
+
+# ---------------------------------------------------------------------------
+# a GPU the kernel is not built for
+
+
+#: The GPUs of each ISA the spec lists, for the unsupported-ISA refusal.
+ISA_GPUS = {"gfx950": "MI355X", "sm_90": "H200/H100"}
+_ISA_HINT_REGISTERED = False
+
+
+def explain_unsupported_isa(server_args: Any, previous: Any) -> None:
+    """SGLang's resolution step `handle_amd_monokernel`, wrapped (resolution_hooks).
+
+    On a GPU whose ISA the spec does not list, SGLang's `find_spec` refuses with "monokernel
+    backend 'amd' has no spec for ['GlmMoeDsaForCausalLM'] on sm_100", which names neither
+    the supported GPUs nor a fix; that reason gets both appended, in place (so it is still
+    said once). Every other outcome of the step passes through unchanged."""
+    import re
+
+    try:
+        previous(server_args)
+    except ValueError as exc:
+        text = str(exc)
+        found = re.search(rf"has no spec for \[[^\]]*'{ARCH}'[^\]]*\] on (\S+)", text)
+        if found is None:
+            raise
+        from mono_glm53.spec import DEVICES
+
+        built = ", ".join(f"{isa} ({ISA_GPUS.get(isa, isa)})" for isa in sorted(DEVICES))
+        hint = (f": mono-glm53's kernel is built for {built} only; serve GLM-5.3 on one of "
+                "those GPUs, or start the server without --enable-amd-monokernel")
+        raise ValueError(text[: found.end()] + hint + text[found.end():]) from None
+
+
+def register_isa_hint() -> None:
+    """Wrap SGLang's `handle_amd_monokernel` with `explain_unsupported_isa`, once a process
+    (the plugin's entry point runs before the launcher resolves the server)."""
+    global _ISA_HINT_REGISTERED
+    if _ISA_HINT_REGISTERED:
+        return
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    register_resolution_hook("handle_amd_monokernel")(explain_unsupported_isa)
+    _ISA_HINT_REGISTERED = True
 
 
 # ---------------------------------------------------------------------------

@@ -294,3 +294,53 @@ def test_a_server_with_many_problems_gets_each_reason_once(monkeypatch):
     for needle in ("page size 1", "--ep-size 8", "--enable-torch-compile", "1000000 tokens", "index_kpool 4",
                    "unquantized", "hidden_size 1,", "MONO_GLM53_LAYER='kernal'", "SGLANG_DSA_FUSE_TOPK=0"):
         assert sum(needle in r for r in found) == 1, (needle, found)
+
+
+def test_every_flag_the_refusal_sources_name_is_an_sglang_flag():
+    """The after-load refusals too (they run on a loaded model, which a CPU test cannot build
+    for every case): every `--flag` written in the refusal and check sources is SGLang's."""
+    import pathlib
+
+    src = pathlib.Path(refusals.__file__).parent
+    named = set()
+    for module in ("refusals.py", "check.py", "build.py", "forward.py", "spec.py"):
+        named |= set(re.findall(r"(--[a-z][a-z0-9-]+)", (src / module).read_text()))
+    assert "--page-size" in named
+    assert named <= _sglang_flags(), named - _sglang_flags()
+
+
+# --- a GPU the kernel is not built for
+
+def _resolve_on(isa, monkeypatch):
+    from sglang.srt.arg_groups import resolution_hooks
+
+    monkeypatch.setattr(resolution_hooks, "_HOOKS", {})
+    monkeypatch.setattr(refusals, "_ISA_HINT_REGISTERED", False)
+    from mono_glm53 import plugin
+
+    plugin.register()
+    plugin.register()  # the hook wraps the step once however often SGLang loads the plugin
+    assert len(resolution_hooks._HOOKS["handle_amd_monokernel"]) == 1
+    h = hf()
+    monkeypatch.setattr(binding, "device_isa", lambda: isa)
+    monkeypatch.setattr(binding, "model_config_of", lambda sa: types.SimpleNamespace(hf_config=h, dtype="bfloat16"))
+    monkeypatch.setattr(binding, "declare_resolution", lambda sa, src, **kw: None)
+    monkeypatch.setattr(binding, "resolving_view", lambda sa: sa)
+    resolution_hooks.run_hook(binding.handle_amd_monokernel, cfg())
+
+
+def test_an_unsupported_gpu_is_refused_naming_the_supported_ones(monkeypatch):
+    with pytest.raises(ValueError) as err:
+        _resolve_on("sm_100", monkeypatch)
+    text = str(err.value)
+    assert text.startswith("--enable-amd-monokernel cannot run this setup:")
+    line = only([ln for ln in text.splitlines() if "sm_100" in ln],
+                "has no spec for ['GlmMoeDsaForCausalLM'] on sm_100: mono-glm53's kernel is built for "
+                "gfx950 (MI355X), sm_90 (H200/H100) only",
+                "without --enable-amd-monokernel")
+    assert text.count("sm_100") == 1, line
+
+
+@pytest.mark.parametrize("isa", ["sm_90", "gfx950"])
+def test_the_wrapped_resolution_step_passes_a_supported_gpu(isa, monkeypatch):
+    _resolve_on(isa, monkeypatch)
