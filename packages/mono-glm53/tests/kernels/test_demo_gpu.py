@@ -2,7 +2,6 @@
 staged against the reference, then times the fused launch beside the floor (issue item 5)."""
 
 import pytest
-import torch
 
 # No skipif here: the mono pytest plugin marks tests/kernels `gpu`, skips them without a GPU
 # and fails them under --require-gpu (a skipif would turn a GPU-less GPU run into a pass).

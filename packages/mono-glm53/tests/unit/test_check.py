@@ -19,10 +19,10 @@ import pytest
 import torch
 from sglang.kernels.plugin_kernels.amd.spec import BuildContext, Plan, ShapeKey
 
+from mono_common.ref.fp8 import index_k_quant
 from mono_glm53 import build as build_mod
 from mono_glm53 import check as check_mod
 from mono_glm53 import refusals
-from mono_common.ref.fp8 import index_k_quant
 
 _spec = importlib.util.spec_from_file_location(
     "glm53_forward_support", pathlib.Path(__file__).with_name("test_forward_support.py")
