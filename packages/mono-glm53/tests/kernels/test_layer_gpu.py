@@ -22,6 +22,15 @@ import torch
 _W = {}
 
 
+def _report(label, m):
+    """Print the stream's relative errors and cosines (run with -s): the GPU measurements the
+    NUMERICS rel_l2 bounds still need (kernels/numerics.py)."""
+    keys = ("hidden.rel_l2_max", "residual.rel_l2_max", "moe_given_h2.rel_l2_max", "hidden.cosine_min",
+            "moe_given_h2.cosine_min")
+    vals = ", ".join(f"{k} {m['glm53_layer.' + k]:.5g}" for k in keys if "glm53_layer." + k in m)
+    print(f"\nNUMERICS {label}: {vals}")
+
+
 def _weights(sname):
     from mono_glm53.config import REAL
     from mono_glm53.weights import make_weights
@@ -48,6 +57,7 @@ def test_fused_matches_reference(sname, width, ctx):
             modes.append("staged")
         m = run_case(s, width, rows, ctx, True, modes=tuple(modes), device="cuda",
                      seed=ctx + rows, delay=20000, weights=w)
+        _report(f"{sname} w{width} rows {rows} ctx {ctx}", m)
         assert not failures(m), (rows, m)
 
 
@@ -70,6 +80,7 @@ def test_fused_matches_reference_with_mixed_context_lengths(sname, width, ctxs):
     modes = ("fused", "staged") if width == 2 else ("fused",)
     m = run_case(s, width, len(ctxs), max(ctxs), True, modes=modes, device="cuda", seed=sum(ctxs) % 1000,
                  weights=w, ctxs=ctxs)
+    _report(f"{sname} w{width} ctxs {ctxs}", m)
     assert not failures(m), (ctxs, m)
 
 
@@ -143,6 +154,7 @@ def test_no_indexer_layer(sname):
 
     s, w = _weights(sname)
     m = run_case(s, 2, 2, 4096, False, modes=("fused", "staged"), device="cuda", weights=w)
+    _report(f"{sname} no indexer w2 rows 2 ctx 4096", m)
     assert not failures(m), m
 
 
@@ -156,6 +168,7 @@ def test_launches_stay_inside_their_buffers(sname, width, rows, ctx):
     s, w = _weights(sname)
     m, bad = fenced_case(s, width, rows, ctx, True, modes=("fused", "staged"), device="cuda",
                          seed=ctx + rows, weights=w)
+    _report(f"{sname} fenced w{width} rows {rows} ctx {ctx}", m)
     assert bad == [], bad
     assert not failures(m), m
 
@@ -205,6 +218,7 @@ def test_tp_ranks_all_reduce_in_kernel(world):
     for rows in (2, 1):
         m = run_tp_case(REAL, world, 2, rows, 4096, full_weights=_full_weights(), seed=world + rows,
                         delay=20000)
+        _report(f"TP{world} side by side w2 rows {rows} ctx 4096", m)
         assert not failures(m), (rows, m)
         assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
 
