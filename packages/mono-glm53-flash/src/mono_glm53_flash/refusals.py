@@ -51,6 +51,45 @@ ROUTING_OVERRIDE_ENVS = ("SGLANG_SIMULATE_UNIFORM_EXPERTS", "SGLANG_SIMULATE_ROU
 CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
 SSM_DTYPE_ENV = "SGLANG_MAMBA_SSM_DTYPE"
 PRESHUFFLE_OFF_ENV = "SGLANG_DSA_HIP_DISABLE_PRESHUFFLE"
+#: SGLang `Feature` names the spec accepts because `server_arg_reasons` refuses them itself
+#: (they all come with --speculative-algorithm).
+FEATURES_REFUSED_HERE = ("SPECULATIVE_DECODING", "RAGGED_VERIFY", "EAGLE3_HIDDEN_STATES")
+
+#: HF config values the kernel is compiled for (exact). SGLang reads the top-level
+#: `Glm5NextConfig`, which hands text_config's attributes through. index_n_heads is GLM-5.3's
+#: 32: SGLang's code does not fix GLM-5.3-Flash's (see config.py).
+HF_CONFIG = {
+    "hidden_size": 4096,
+    "num_hidden_layers": 45,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 64,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 256,
+    "qk_rope_head_dim": 0,
+    "v_head_dim": 256,
+    "n_routed_experts": 288,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "rms_norm_eps": 1e-5,
+    "hidden_act": "silu",
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "linear_num_heads": 64,
+    "linear_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "index_topk": 2048,
+    "index_head_dim": 128,
+    "index_n_heads": 32,
+}
 
 SGLANG_READS = (
     "sglang.srt.environ.envs",
@@ -252,8 +291,21 @@ def env_reasons() -> list[str]:
     return reasons
 
 
+def hf_shape_reasons(hf_config: Any) -> list[str]:
+    """The exact HF config values (HF_CONFIG) the kernel is compiled for."""
+    reasons = []
+    for key, want in HF_CONFIG.items():
+        got = _get(hf_config, key, None)
+        if got != want:
+            reasons.append(
+                f"config.{key} is {got!r}, not {want!r}: the kernel is compiled for GLM-5.3-Flash's "
+                "shapes; serve GLM-5.3-Flash with its own config.json"
+            )
+    return reasons
+
+
 def model_config_reasons(hf_config: Any) -> list[str]:
-    """HF config values beyond the exact ones in Requirements.hf_config."""
+    """HF config values beyond the exact shapes of HF_CONFIG."""
     c = _text(hf_config)
     reasons = []
     freq = _get(c, "moe_layer_freq", 1)
@@ -326,8 +378,8 @@ def capture_reasons(cfg: Any, *, widths_by_tp: Mapping[int, Sequence[int]], toke
         return [
             f"none of the captured decode graphs (batch sizes {sorted(captured)}) runs the kernel: "
             f"at TP {tp} it serves batch sizes {sorted(served)}; capture at least one of them "
-            f"(e.g. --cuda-graph-bs {' '.join(map(str, sorted(served)))} plus any larger sizes, or "
-            "leave --cuda-graph-bs unset)"
+            f"(e.g. --cuda-graph-bs-decode {' '.join(map(str, sorted(served)))} plus any larger "
+            "sizes, or leave --cuda-graph-bs-decode unset)"
         ]
     return []
 
@@ -340,6 +392,7 @@ def config_reasons(cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Seque
             *checkpoint_reasons(cfg, hf_config),
             *server_arg_reasons(cfg),
             *env_reasons(),
+            *hf_shape_reasons(hf_config),
             *model_config_reasons(hf_config),
             *capture_reasons(cfg, widths_by_tp=widths_by_tp),
         ]
@@ -350,7 +403,13 @@ def config_reasons(cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Seque
 # after load
 
 
-def _fp8_linear_reasons(where: str, module: Any, n: int | None, k: int | None) -> list[str]:
+def _block(hf_config: Any) -> int:
+    """The checkpoint's FP8 block (128 for GLM-5.3-Flash; config_reasons refuses any other)."""
+    quant = _get(hf_config, "quantization_config") or {}
+    return int((_get(quant, "weight_block_size") or [BLOCK])[0])
+
+
+def _fp8_linear_reasons(where: str, module: Any, n: int | None, k: int | None, block: int) -> list[str]:
     """An FP8 block linear outside the layout the kernel reads: e4m3fn [N, K] with fp32
     weight_scale_inv [ceil(N/128), ceil(K/128)] (row-major on CUDA, AITER-shuffled on ROCm)."""
     import torch
@@ -374,7 +433,7 @@ def _fp8_linear_reasons(where: str, module: Any, n: int | None, k: int | None) -
         rows, cols = weight.shape
         if (n is not None and rows != n) or (k is not None and cols != k):
             reasons.append(f"{where}.weight is {tuple(weight.shape)}, not ({n}, {k}): {fix}")
-        want = (-(-rows // BLOCK), -(-cols // BLOCK))
+        want = (-(-rows // block), -(-cols // block))
         if scale.dim() != 2 or tuple(scale.shape) != want:
             reasons.append(f"{where}.weight_scale_inv is {tuple(scale.shape)}, not {want}: {fix}")
     return reasons
@@ -396,7 +455,7 @@ def _param(module: Any, dotted: str) -> Any:
     return module
 
 
-def _kda_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
+def _kda_reasons(where: str, attn: Any, c: Any, tp: int, b: int) -> list[str]:
     import torch
 
     if type(attn).__name__ != "Glm5NextLinearAttention":
@@ -412,8 +471,8 @@ def _kda_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
             "the FP8 block-128 qkv_proj; serve GLM-5.3-Flash's FP8/MXFP4 checkpoint"
         )
     else:
-        reasons += _fp8_linear_reasons(f"{where}.qkv_proj", getattr(attn, "qkv_proj", None), 3 * p, h)
-    reasons += _fp8_linear_reasons(f"{where}.o_proj", getattr(attn, "o_proj", None), h, p)
+        reasons += _fp8_linear_reasons(f"{where}.qkv_proj", getattr(attn, "qkv_proj", None), 3 * p, h, b)
+    reasons += _fp8_linear_reasons(f"{where}.o_proj", getattr(attn, "o_proj", None), h, p, b)
     for name, shape in (
         ("dt_bias", (p,)),
         ("A_log", (1, 1, heads, 1)),
@@ -423,7 +482,7 @@ def _kda_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
     return reasons
 
 
-def _mla_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
+def _mla_reasons(where: str, attn: Any, c: Any, tp: int, b: int) -> list[str]:
     import torch
 
     heads = int(_get(c, "num_attention_heads")) // tp
@@ -431,10 +490,9 @@ def _mla_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
     nope, v, h = int(_get(c, "qk_nope_head_dim")), int(_get(c, "v_head_dim")), int(_get(c, "hidden_size"))
     reasons = []
     reasons += _fp8_linear_reasons(
-        f"{where}.fused_qkv_a_proj_with_mqa", getattr(attn, "fused_qkv_a_proj_with_mqa", None), q_lora + kv_lora, h
-    )
-    reasons += _fp8_linear_reasons(f"{where}.q_b_proj", getattr(attn, "q_b_proj", None), heads * nope, q_lora)
-    reasons += _fp8_linear_reasons(f"{where}.o_proj", getattr(attn, "o_proj", None), h, heads * v)
+        f"{where}.fused_qkv_a_proj_with_mqa", getattr(attn, "fused_qkv_a_proj_with_mqa", None), q_lora + kv_lora, h, b)
+    reasons += _fp8_linear_reasons(f"{where}.q_b_proj", getattr(attn, "q_b_proj", None), heads * nope, q_lora, b)
+    reasons += _fp8_linear_reasons(f"{where}.o_proj", getattr(attn, "o_proj", None), h, heads * v, b)
     fix = "the kernel packs W_UK/W_UV from the bf16 w_kc/w_vc SGLang derives from kv_b_proj at load"
     reasons += _tensor_reason(f"{where}.w_kc", getattr(attn, "w_kc", None), torch.bfloat16, (heads, nope, kv_lora), fix)
     reasons += _tensor_reason(f"{where}.w_vc", getattr(attn, "w_vc", None), torch.bfloat16, (heads, kv_lora, v), fix)
@@ -446,8 +504,8 @@ def _mla_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
         )
         return reasons
     ih, d = int(_get(c, "index_n_heads")), int(_get(c, "index_head_dim"))
-    reasons += _fp8_linear_reasons(f"{where}.indexer.wq_b", getattr(indexer, "wq_b", None), ih * d, q_lora)
-    reasons += _fp8_linear_reasons(f"{where}.indexer.wk", getattr(indexer, "wk", None), d, h)
+    reasons += _fp8_linear_reasons(f"{where}.indexer.wq_b", getattr(indexer, "wq_b", None), ih * d, q_lora, b)
+    reasons += _fp8_linear_reasons(f"{where}.indexer.wk", getattr(indexer, "wk", None), d, h, b)
     fix = "serve GLM-5.3-Flash's checkpoint (the kernel reads the indexer as IndexerKPool builds it)"
     for name, dtype, shape in (
         ("weights_proj.weight", torch.float32, (ih, h)),
@@ -460,7 +518,7 @@ def _mla_reasons(where: str, attn: Any, c: Any, tp: int) -> list[str]:
     return reasons
 
 
-def _moe_reasons(where: str, mlp: Any, c: Any, tp: int, isa: str | None) -> list[str]:
+def _moe_reasons(where: str, mlp: Any, c: Any, tp: int, isa: str | None, b: int) -> list[str]:
     import torch
 
     reasons = []
@@ -500,10 +558,9 @@ def _moe_reasons(where: str, mlp: Any, c: Any, tp: int, isa: str | None) -> list
             )
         else:
             si = int(_get(c, "moe_intermediate_size")) * int(_get(c, "n_shared_experts") or 1) // tp
-            reasons += _fp8_linear_reasons(f"{where}.shared_experts.gate_up_proj", up, 2 * si, h)
+            reasons += _fp8_linear_reasons(f"{where}.shared_experts.gate_up_proj", up, 2 * si, h, b)
             reasons += _fp8_linear_reasons(
-                f"{where}.shared_experts.down_proj", getattr(shared, "down_proj", None), h, si
-            )
+                f"{where}.shared_experts.down_proj", getattr(shared, "down_proj", None), h, si, b)
     gate = getattr(mlp, "gate", None)
     weight = getattr(gate, "weight", None)
     reasons += _tensor_reason(
@@ -536,14 +593,15 @@ def model_reasons(model: Any, hf_config: Any, copies: Mapping, *, tp_size: int =
             f"{FIRST_COVERED_LAYER}..{n - 2} of the whole model (no pipeline parallelism)"
         ]
     kda_layers = set((_get(c, "linear_attn_config", None) or {}).get("kda_layers", []))
+    b = _block(hf_config)
     for i in range(FIRST_COVERED_LAYER, n - 1):
         layer = layers[i]
         attn = getattr(layer, "self_attn", None)
         if i in kda_layers:
-            reasons += _kda_reasons(f"layer {i}.self_attn", attn, c, tp_size)
+            reasons += _kda_reasons(f"layer {i}.self_attn", attn, c, tp_size, b)
         else:
-            reasons += _mla_reasons(f"layer {i}.self_attn", attn, c, tp_size)
-        reasons += _moe_reasons(f"layer {i}.mlp", getattr(layer, "mlp", None), c, tp_size, isa)
+            reasons += _mla_reasons(f"layer {i}.self_attn", attn, c, tp_size, b)
+        reasons += _moe_reasons(f"layer {i}.mlp", getattr(layer, "mlp", None), c, tp_size, isa, b)
         if len(reasons) > 24:  # one broken layout repeats on every layer: keep the message readable
             reasons.append(f"... (stopped after layer {i}; later layers were not checked)")
             break

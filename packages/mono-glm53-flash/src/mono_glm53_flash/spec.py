@@ -14,11 +14,13 @@ Launches. A covered layer (3..43) is one launch of one of two kinds: "kda" (30 l
 "mla" (the 11 sparse-attention layers), at TP 2, 4 or 8, for steps of 1, 2, 4 or 8 rows, on
 gfx950 (MI355X, 256 CUs) and sm_90 (H200, 132 SMs).
 
-Where refusals are stated. `Requirements` declares the model's identity (dtype, the DSA
-decode backend, the HF config's shape values), which SGLang checks in its own words
-("config.hidden_size 6144 is not 4096"). Everything a server flag or environment variable
-fixes is checked by `config_disable_reasons` alone, so that each reason appears once and
-names its fix ("page size 64 is not 256: ... start the server with --page-size 256").
+Where refusals are stated, each once. SGLang checks, in its own words that list the accepted
+values: the ISA (`devices`), the TP size, the dtype and the decode attention backend
+(`Requirements`), the watchdog, the bitwise flags and the refused-by-default features other
+than speculative decoding. Everything else is checked by `config_disable_reasons` alone, in
+words that name the fix ("page size 64 is not 256: ... start the server with --page-size
+256"): the server arguments, SGLang's environment variables, the HF config's shapes, the
+checkpoint's quantization, the index cache kind and the captured graph sizes.
 `model_disable_reasons` checks the loaded weights after load, on every rank.
 """
 
@@ -28,6 +30,7 @@ from typing import Any
 
 from sglang.kernels.plugin_kernels.amd.spec import (
     DeviceLimits,
+    Feature,
     MonoSpec,
     Numerics,
     NumericsKind,
@@ -41,6 +44,9 @@ from mono_glm53_flash import refusals as _r
 SGLANG_READS = (
     "sglang.kernels.plugin_kernels.amd.spec.MonoSpec",
     "sglang.kernels.plugin_kernels.amd.spec.DeviceLimits",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature.SPECULATIVE_DECODING",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature.RAGGED_VERIFY",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature.EAGLE3_HIDDEN_STATES",
     "sglang.kernels.plugin_kernels.amd.spec.Requirements",
     "sglang.kernels.plugin_kernels.amd.spec.Numerics",
     "sglang.kernels.plugin_kernels.amd.spec.NumericsKind.TOLERANCE",
@@ -77,47 +83,19 @@ def widths_by_tp_all() -> dict[int, tuple[int, ...]]:
     return {tp: tuple(sorted(w)) for tp, w in merged.items()}
 
 
-#: HF config values the kernel is compiled for (exact; SGLang reads them with getattr on the
-#: top-level `Glm5NextConfig`, which hands text_config's attributes through). index_n_heads
-#: is GLM-5.3's 32: SGLang's code does not fix GLM-5.3-Flash's (see config.py).
-HF_CONFIG = {
-    "hidden_size": 4096,
-    "num_hidden_layers": 45,
-    "first_k_dense_replace": 3,
-    "num_attention_heads": 64,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 256,
-    "qk_rope_head_dim": 0,
-    "v_head_dim": 256,
-    "n_routed_experts": 288,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "moe_intermediate_size": 2048,
-    "n_group": 1,
-    "topk_group": 1,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
-    "scoring_func": "sigmoid",
-    "rms_norm_eps": 1e-5,
-    "hidden_act": "silu",
-    "swiglu_limit": 10.0,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
-    "linear_num_heads": 64,
-    "linear_head_dim": 128,
-    "linear_conv_kernel_dim": 4,
-    "index_topk": 2048,
-    "index_head_dim": 128,
-    "index_n_heads": 32,
-}
+#: HF config values the kernel is compiled for (refusals.HF_CONFIG), checked by
+#: `config_disable_reasons` in words naming the fix, not also by SGLang's Requirements.
+HF_CONFIG = _r.HF_CONFIG
 
 REQUIREMENTS = Requirements(
     dtypes=frozenset({"bfloat16"}),
     attention_backends=_r.ATTENTION_BACKENDS,
-    hf_config=HF_CONFIG,
 )
+
+#: SGLang's refused-by-default features that `config_disable_reasons` refuses itself, naming
+#: the flag to drop (speculative decoding, and the two features that only come with it);
+#: SGLang still refuses every other feature in its own words.
+FEATURES = frozenset(Feature[name] for name in _r.FEATURES_REFUSED_HERE)
 
 #: Check-mode bounds, `<launch>.<output>.<metric>`, for the two launch kinds. Outputs: the mHC
 #: streams a launch hands the next layer ([T, 16384] bf16); a KDA launch's state rows (the
@@ -181,7 +159,7 @@ def build(model: Any, hf_config: Any, context: Any) -> Any:
 SPEC = MonoSpec(
     name=NAME,
     devices=DEVICES,
-    features=frozenset(),
+    features=FEATURES,
     requires=REQUIREMENTS,
     numerics=NUMERICS,
     model_disable_reasons=model_disable_reasons,
@@ -190,4 +168,4 @@ SPEC = MonoSpec(
     config_disable_reasons=config_disable_reasons,
 )
 
-__all__ = ["ARCHITECTURE", "NUMERICS", "SPEC", "SPEC_PATH", "WIDTHS", "WIDTHS_BY_TP"]
+__all__ = ["ARCHITECTURE", "HF_CONFIG", "NUMERICS", "SPEC", "SPEC_PATH", "WIDTHS", "WIDTHS_BY_TP"]
