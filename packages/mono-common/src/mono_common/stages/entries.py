@@ -30,23 +30,27 @@ def grid_handoff(bar_ptr, target):
 
 
 @triton.jit
-def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, N, L, w_lstride, s_lstride, o_lstride,
-               NSTR: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr,
+def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
+               N: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
-               SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr, PRE: tl.constexpr,
-               DOT: tl.constexpr, BAR: tl.constexpr):
+               SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
+               PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr):
+    # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    T = ((N + BN - 1) // BN) * KS
+    T: tl.constexpr = ((N + BN - 1) // BN) * KS
+    w_lstride: tl.constexpr = N * K
+    s_lstride: tl.constexpr = ((N + BLK - 1) // BLK) * (K // BLK)
+    o_lstride: tl.constexpr = SLOTS * W * N
     wl = w_ptr
     sl = s_ptr
     ol = out_ptr
     for li in range(L):
         if SPAN:
-            gemv_span(pid, x_ptr, K, wl, sl, ol, N, NSTR, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT)
+            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT)
         else:
             for t in range(pid, T, nprog):
-                gemv_tile(t, x_ptr, K, wl, sl, ol, N, NSTR, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT)
+                gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT)
         if BAR:
             grid_handoff(bar_ptr, (li + 1) * nprog)
         # advanced as pointers (64-bit): L sets of a large weight pass 2^31 bytes

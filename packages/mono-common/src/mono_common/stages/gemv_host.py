@@ -79,7 +79,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
     from mono_common.stages.gemv import FMT_BF16, FMT_FP8
 
     L, N, K = w.shape
-    if (N, K) != (plan.N, plan.K) or x.shape != (plan.W, K):
+    if (N, K) != (plan.N, plan.K) or x.shape != (plan.W, K) or tuple(out.shape[1:]) != (plan.slots, plan.W, N):
         raise ValueError(f"weights {tuple(w.shape)} / x {tuple(x.shape)} do not match the plan {plan}")
     if bar is None:
         bar = torch.zeros(2, dtype=torch.int32, device=x.device)
@@ -90,8 +90,8 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
     # is not, instead of spinning forever (an 8-warp tile at 255 registers fits once per SM)
     coop = dict(launch_cooperative_grid=True) if barrier and x.device.type == "cuda" else {}
     gemv_entry[(plan.nprog,)](
-        x, xs if xq else x, w, s, out, bar, N, L, w[0].numel(), s[0].numel(), out[0].numel(),
-        NSTR=N, K=K, W=plan.W, BM=plan.BM, BN=plan.BN, BLK=plan.BLK, KS=plan.KS, PER=plan.PER,
+        x, xs if xq else x, w, s, out, bar, L,
+        N=N, K=K, W=plan.W, BM=plan.BM, BN=plan.BN, BLK=plan.BLK, KS=plan.KS, PER=plan.PER, SLOTS=plan.slots,
         SPAN=plan.span, FMT=FMT_FP8.value if fmt == "fp8" else FMT_BF16.value, XQ=xq, PRE=plan.pre, DOT=plan.dot,
         BAR=barrier, num_warps=plan.num_warps, **coop)
     return out
