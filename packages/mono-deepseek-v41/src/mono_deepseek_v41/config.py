@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "SGLANG_READS",
     "DEFAULTS",
     "DsV41Shape",
     "LayerKind",
@@ -45,6 +46,27 @@ __all__ = [
 ]
 
 COMPRESS_RATIOS = (0, 1, 2, 4, 128)
+
+#: The SGLang names this module reads (as strings: it imports nothing of SGLang).
+SGLANG_READS: tuple[str, ...] = (
+    "sglang.srt.configs.deepseek_v4.DeepSeekV4Config",
+    "sglang.srt.configs.deepseek_v41.DeepseekV41Config",
+    "sglang.srt.configs.deepseek_v41.DeepseekV41Config.hc_pre_from_prev_sublayer",
+    "sglang.srt.configs.deepseek_v41.DeepseekV41Config.q_head_norm",
+    "sglang.srt.models.deepseek_v4.MqaAttentionBase",
+    "sglang.srt.models.deepseek_v4.DeepseekV4DecoderLayerBase.refresh_mhc_norm_weight_cache",
+    "sglang.srt.models.deepseek_v4.MQALayer._normalize_q_lora",
+    "sglang.srt.models.deepseek_v4._apply_wo_a_bf16_matmul",
+    "sglang.srt.models.deepseek_v4._dequant_fp8",
+    "sglang.srt.models.deepseek_v4_mhc.make_boundary",
+    "sglang.srt.layers.attention.dsv4.dsv41_sparse._small_weights_proj_max_m",
+    "sglang.srt.layers.attention.dsv4.dsv41_sparse.DeepseekV41Indexer.forward_wk",
+    "sglang.srt.layers.attention.deepseek_v4_backend.SWA_WINDOW",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.get_compress_state_ring_size",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.get_swa_ring_size",
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4TokenToKVPool.source_layer_of",
+    "sglang.srt.arg_groups.model_overrides.deepseek_v4._deepseek_v4_overrides",
+)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -69,11 +69,15 @@ __all__ = [
     "freqs_cis",
     "gate_logits",
     "hash_topk",
+    "index_logits_fp8",
     "hc_combine",
     "hc_expand",
     "hc_final",
+    "hc_layer",
     "hc_mix_stats",
     "hc_post",
+    "hc_split",
+    "hc_sum",
     "low_ratio_compress",
     "moe_partial",
     "rms_norm",
@@ -313,9 +317,16 @@ def hc_mix_stats(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, b
     mixes = (R_flat @ fn^T) * rsqrt(mean(R_flat^2) + rms_eps); pre = sigmoid(mixes * s0 + b) + eps;
     post = 2 sigmoid(mixes * s1 + b); comb = softmax_rows(mixes * s2 + b) + eps, then one column
     normalisation and (iters - 1) row/column Sinkhorn rounds (each dividing by sum + eps)."""
-    m, eps = s.hc_mult, s.hc_eps
     x = streams.flatten(1).float()
     mixes = (x @ fn.float().t()) * torch.rsqrt(x.square().mean(-1, keepdim=True) + s.rms_eps)
+    return hc_split(mixes, scale, base, s)
+
+
+def hc_split(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+             s: DsV41Shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`mhc.hc_split_sinkhorn` (TileLang; `_hc_split_sinkhorn_triton` is its port): mixes
+    [T, (2+m)m] fp32 -> (pre, post, comb)."""
+    m, eps = s.hc_mult, s.hc_eps
     pre = torch.sigmoid(mixes[:, :m] * scale[0] + base[:m]) + eps
     post = MHC_POST_MULT * torch.sigmoid(mixes[:, m : 2 * m] * scale[1] + base[m : 2 * m])
     comb = (mixes[:, 2 * m :] * scale[2] + base[2 * m :]).view(-1, m, m)
@@ -334,10 +345,16 @@ def hc_combine(streams: torch.Tensor, pre: torch.Tensor | None, norm_weight: tor
     the first sublayer. Returns [T, H] bf16."""
     if pre is None:
         return rms_norm(streams[:, 0], norm_weight, eps)
+    return rms_norm(hc_sum(streams, pre), norm_weight, eps)
+
+
+def hc_sum(streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+    """`mhc.mhc_combine`: y = sum_k pre[k] * R[k], fp32 multiply-adds in stream order, rounded
+    once to the streams' dtype. [T, m, H] x [T, m] -> [T, H]."""
     acc = torch.zeros(streams.shape[0], streams.shape[2], dtype=F32, device=streams.device)
     for k in range(streams.shape[1]):
         acc = acc + pre[:, k : k + 1].float() * streams[:, k].float()
-    return rms_norm(acc.to(streams.dtype), norm_weight, eps)
+    return acc.to(streams.dtype)
 
 
 def hc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -543,10 +560,17 @@ def c4_indexer_topk(x: torch.Tensor, q_lora: torch.Tensor, w: dict, s: DsV41Shap
     k8, ks = L.index_fp8_read(caches.index_k, torch.cat(slots), ipage, d)
     picks, off = [], 0
     for t, n in enumerate(lens):
-        logits = (torch.relu(k8[off : off + n] @ q8[t].t()) * head_w[t]).sum(-1) * ks[off : off + n]
+        logits = index_logits_fp8(q8[t], head_w[t], k8[off : off + n], ks[off : off + n])
         picks.append(_topk_positions(logits, n, s.index_topk))
         off += n
     return picks
+
+
+def index_logits_fp8(q8: torch.Tensor, head_w: torch.Tensor, k8: torch.Tensor, k_scale: torch.Tensor) -> torch.Tensor:
+    """The C4 indexer's logits of one row (`fp8_paged_mqa_logits_torch`; DeepGEMM's
+    `fp8_paged_mqa_logits` on the GPU): k_scale[j] * sum_h w[h] relu(q8[h] . k8[j]), fp32.
+    q8 [H, D] and k8 [n, D] e4m3 values as fp32, head_w [H] (q scale folded in), k_scale [n]."""
+    return (torch.relu(k8 @ q8.t()) * head_w).sum(-1) * k_scale
 
 
 def v41_indexer_topk(x: torch.Tensor, q_lora: torch.Tensor, w: dict, s: DsV41Shape, step: StepInputs,
@@ -669,10 +693,10 @@ def gate_logits(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor:
 
 
 def _sqrtsoftplus(logits: torch.Tensor) -> torch.Tensor:
-    """sqrt(softplus(x)) with softplus = x above 20 else log1p(exp(x)) (`moe_fused_gate`'s
-    SQRTSOFTPLUS_LOG1P arm, V4.1; torch's softplus has the same threshold)."""
-    x = logits.float()
-    return torch.sqrt(torch.where(x > 20.0, x, torch.log1p(torch.exp(x))))
+    """sqrt(softplus(x)), softplus = x above 20 else log1p(exp(x)): `moe_fused_gate`'s
+    SQRTSOFTPLUS_LOG1P arm (V4.1) and the torch forms (`biased_topk_impl`,
+    `HashTopK._forward_torch`: F.softplus, same threshold), written as the latter."""
+    return F.softplus(logits.float()).sqrt()
 
 
 def biased_sqrtsoftplus_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, routed_scaling: float,
@@ -798,24 +822,33 @@ def decoder_layer(
     rank 0's weights; the head-, group- and intermediate-sharded work runs per rank and meets
     at the two all-reduce points. `caches` maps layer id -> LayerCaches (this layer's and the
     ratio-1/2 kv_source layers it reads)."""
-    s0, w0 = shapes[0], weights[0]
+
+    def attn(x):
+        parts = []
+        for i, (s, w) in enumerate(zip(shapes, weights)):
+            # every rank writes identical replicated caches; later ranks recompute them on a copy
+            own, own_ctx = (caches, ctx) if i == 0 else (_scratch(caches), StepContext(dict(ctx.low_ratio_topk)))
+            parts.append(attention_partial(x, w, s, step, own[layer_id], own, own_ctx, layer_id))
+        return all_reduce(parts)
+
+    def moe(x):
+        return all_reduce([moe_partial(x, w, s, step.input_ids, layer_id, act_mxfp8) for s, w in zip(shapes, weights)])
+
+    return hc_layer(state, shapes[0], weights[0], attn, moe)
+
+
+def hc_layer(state: HcState, s: DsV41Shape, w: dict, attn: Callable[[torch.Tensor], torch.Tensor],
+             moe: Callable[[torch.Tensor], torch.Tensor]) -> HcState:
+    """The layer's two hyper-connections with the lag (`forward_hc_pre_from_prev`'s run_attn_hc
+    then run_ffn_hc): each sublayer reads norm(combine(R, previous pre)) and its own mix
+    stats, computed from its input streams, give the post and the pre the next one uses.
+    `attn` / `moe` take the normed input [T, H] and return the all-reduced output [T, H]."""
     streams = state.streams
-    # attention hyper-connection
-    x = hc_combine(streams, state.pre, w0["input_layernorm.weight"], s0.rms_eps)
-    parts = []
-    for i, (s, w) in enumerate(zip(shapes, weights)):
-        # every rank writes identical replicated caches; later ranks recompute them on a copy
-        own = caches if i == 0 else _scratch(caches)
-        parts.append(attention_partial(x, w, s, step, own[layer_id], own, StepContext(dict(ctx.low_ratio_topk))
-                                       if i else ctx, layer_id))
-    y = all_reduce(parts)
-    pre_a, post_a, comb_a = hc_mix_stats(streams, w0["hc_attn_fn"], w0["hc_attn_scale"], w0["hc_attn_base"], s0)
+    y = attn(hc_combine(streams, state.pre, w["input_layernorm.weight"], s.rms_eps))
+    pre_a, post_a, comb_a = hc_mix_stats(streams, w["hc_attn_fn"], w["hc_attn_scale"], w["hc_attn_base"], s)
     streams = hc_post(y, streams, post_a, comb_a)
-    # MoE hyper-connection, combined with the attention's pre (the lag)
-    x = hc_combine(streams, pre_a, w0["post_attention_layernorm.weight"], s0.rms_eps)
-    parts = [moe_partial(x, w, s, step.input_ids, layer_id, act_mxfp8) for s, w in zip(shapes, weights)]
-    y = all_reduce(parts)
-    pre_f, post_f, comb_f = hc_mix_stats(streams, w0["hc_ffn_fn"], w0["hc_ffn_scale"], w0["hc_ffn_base"], s0)
+    y = moe(hc_combine(streams, pre_a, w["post_attention_layernorm.weight"], s.rms_eps))
+    pre_f, post_f, comb_f = hc_mix_stats(streams, w["hc_ffn_fn"], w["hc_ffn_scale"], w["hc_ffn_base"], s)
     return HcState(hc_post(y, streams, post_f, comb_f), pre_f)
 
 
