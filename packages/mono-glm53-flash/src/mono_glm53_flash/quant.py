@@ -1,13 +1,12 @@
 """The number formats of GLM-5.3-Flash's decode step, in plain torch (no sglang import).
 
-FP8 (e4m3fn, max 448):
-- weights: block-quantised, one fp32 scale (`weight_scale_inv`) a `block` x `block` tile;
-  `block_dequant` mirrors `fp8_utils.block_quant_dequant`.
+FP8 (e4m3fn, max 448), from mono-common (`mono_common.ref.fp8`, re-exported here):
+- weights: block-quantised, one fp32 scale (`weight_scale_inv`) a `block` x `block` tile
+  (`block_quant`, `block_dequant`).
 - activations of an FP8 linear: one scale a token and 128-group, absmax / 448, no rounding
-  of the scale (`per_token_group_quant`, mirrors the Triton `_per_token_group_quant_8bit`).
-- index query / pooled index keys: `act_quant(..., round_scale=True)` rounds the scale up to
-  a power of two (`act_quant_triton._act_quant_kernel` with scale_fmt "ue8m0"; the key
-  compression kernel does the same with amax clamped to 1e-4).
+  of the scale (`per_token_group_quant`, `fp8_block_linear`).
+- index query / pooled index keys: `act_quant(..., scale_fmt="ue8m0")` rounds the scale up
+  to a power of two (the key compression kernel does the same with amax clamped to 1e-4).
 
 MXFP4 (OCP MX: e2m1 elements, one e8m0 power-of-two scale a 32-element group):
 - two elements a byte, the even element in the low nibble (`fp8_utils.dequant_mxfp4`,
@@ -26,6 +25,8 @@ scale is not reproduced here (aiter's kernels do not run on the CPU).
 from __future__ import annotations
 
 import torch
+
+from mono_common.ref.fp8 import act_quant, block_dequant, block_quant, fp8_block_linear, per_token_group_quant
 
 __all__ = [
     "SGLANG_READS",
@@ -67,55 +68,10 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -
 ACT_FORMATS = ("bf16", "mxfp8", "mxfp4")
 
 
-# ---- FP8 -------------------------------------------------------------------------------------
-def block_quant(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., N, K] float -> (e4m3 [..., N, K], fp32 scales [..., ceil(N/b), ceil(K/b)])."""
-    *lead, n, k = w.shape
-    nb, kb = -(-n // block), -(-k // block)
-    pad = torch.zeros(*lead, nb * block, kb * block, dtype=torch.float32)
-    pad[..., :n, :k] = w.float()
-    tiles = pad.view(*lead, nb, block, kb, block)
-    amax = tiles.abs().amax(dim=(-3, -1)).clamp_min(1e-12)
-    scale = amax / FP8_MAX
-    q = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
-    q = q.view(*lead, nb * block, kb * block)[..., :n, :k].to(FP8)
-    return q.contiguous(), scale
-
-
-def block_dequant(q: torch.Tensor, s: torch.Tensor, block: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Mirrors `fp8_utils.block_quant_dequant` (scales repeated over their tiles, cut to size)."""
-    *_, n, k = q.shape
-    rep = s.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :n, :k]
-    return (q.to(torch.float32) * rep).to(dtype)
-
-
-def per_token_group_quant(x: torch.Tensor, group: int, eps: float = 1e-10) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (e4m3 [..., K], fp32 [..., K/group]): scale = max(absmax, eps) / 448."""
-    *lead, k = x.shape
-    g = x.float().reshape(*lead, k // group, group)
-    s = g.abs().amax(-1).clamp_min(eps) / FP8_MAX
-    q = (g * (1.0 / s)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q.reshape(*lead, k), s
-
-
-def act_quant(x: torch.Tensor, group: int, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mirrors `act_quant_triton.act_quant`: amax clamped to 1e-4, scale amax / 448 (rounded up
-    to a power of two when `round_scale`, scale_fmt "ue8m0"), y = clamp(x / scale)."""
-    *lead, k = x.shape
-    g = x.float().reshape(*lead, k // group, group)
-    amax = g.abs().amax(-1).clamp_min(1e-4)
-    s = torch.exp2(torch.ceil(torch.log2(amax * (1.0 / FP8_MAX)))) if round_scale else amax * (1.0 / FP8_MAX)
-    q = (g / s[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q.reshape(*lead, k), s
-
-
-def fp8_block_linear(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, block: int) -> torch.Tensor:
-    """SGLang's W8A8 block-FP8 linear (`fp8_utils.triton_w8a8_block_fp8_linear` and the DeepGEMM
-    path): activations quantised per token and `block`-group, products of the dequantised
-    operands accumulated in fp32 (GEMM accumulation order is not mirrored), bf16 out."""
-    xq, xs = per_token_group_quant(x, block)
-    xd = (xq.float().view(*x.shape[:-1], -1, block) * xs[..., None]).view(x.shape)
-    return (xd @ block_dequant(w, s, block).t()).to(BF16)
+# ---- FP8: mono-common's references of SGLang's FP8 quantisers (mono_common.ref.fp8) --------
+# block_quant / block_dequant (`block_quant_dequant`), per_token_group_quant
+# (`_per_token_group_quant_8bit`), act_quant (`act_quant_triton.act_quant`, scale_fmt "ue8m0"
+# rounds the scale up to a power of two) and fp8_block_linear (the W8A8 block linear).
 
 
 def bf16_linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype = BF16) -> torch.Tensor:

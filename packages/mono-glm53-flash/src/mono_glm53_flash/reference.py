@@ -407,7 +407,9 @@ def kda_attention(x: torch.Tensor, weights: W, state: KdaState, inp: DecodeInput
 # ---- sparse MLA and the pooled-key indexer ---------------------------------------------------
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """Orthonormal Walsh-Hadamard transform of the last dim (a power of two) in fp32:
-    `rotate_activation` (scale D ** -0.5) and the key compression's `_hadamard128`."""
+    `rotate_activation` (scale D ** -0.5) and the key compression's `_hadamard128`. In
+    butterflies, as both kernels sum (mono_common.ref.rope.hadamard_rotate multiplies by the
+    matrix, another fp32 order), fp32 out."""
     d = x.shape[-1]
     y = x.float().reshape(-1, d)
     step = 1
@@ -428,7 +430,7 @@ def indexer_query(q_lat: torch.Tensor, x: torch.Tensor, weights: W, s: FlashShap
     t = q_lat.shape[0]
     query = linear(q_lat, weights, "self_attn.indexer.wq_b", s).view(t, s.index_heads, s.index_head_dim)
     query = hadamard(query).to(BF16)
-    q_fp8, q_scale = act_quant(query, s.index_head_dim, round_scale=True)
+    q_fp8, q_scale = act_quant(query, s.index_head_dim, "ue8m0")
     head = bf16_linear(x.float(), weights["self_attn.indexer.weights_proj.weight"], torch.float32)
     head = head * s.index_heads**-0.5
     head = head * q_scale[..., 0] * s.index_softmax_scale
@@ -521,7 +523,7 @@ def kpool_compress_update(
             phys = [(pos - slot + j) % tail for j in range(kp)]
             keys = torch.stack([key[r] if j == slot else state.tail_k[req, p] for j, p in enumerate(phys)])
             scores = torch.stack([score[r] if j == slot else state.tail_score[req, p] for j, p in enumerate(phys)])
-            k_fp8, k_scale = act_quant(kpool_compress(keys, scores, ape)[None], s.index_head_dim, round_scale=True)
+            k_fp8, k_scale = act_quant(kpool_compress(keys, scores, ape)[None], s.index_head_dim, "ue8m0")
             page, row = _index_page_row(inp, r, pos, s)
             write_index_key(state, page, row, k_fp8[0], k_scale[0], s)
         state.tail_k[req, pos % tail] = key[r]
