@@ -64,6 +64,12 @@ SGLANG_READS = (
     *(f"sglang.srt.environ.Envs.{name}" for name in ENV_REQUIRED),
     "sglang.srt.environ.Envs.SGLANG_HACK_FLASHMLA_BACKEND",
     "sglang.srt.kernel_plugins.amd.binding.covered_capture_sizes",
+    "sglang.srt.kernel_plugins.amd.binding.features_in_use",
+    *(f"sglang.kernels.plugin_kernels.amd.spec.Feature.{name}" for name in (
+        "PIPELINE_PARALLEL", "MULTI_NODE_TP", "DP_ATTENTION", "EXPERT_PARALLEL", "EPLB", "CONTEXT_PARALLEL",
+        "RAGGED_VERIFY", "TWO_BATCH_OVERLAP", "LORA", "PD_DISAGGREGATION", "RETURN_ROUTED_EXPERTS",
+        "RETURN_INDEXER_TOPK", "KV_OFFLOAD", "MEMORY_RELEASE", "CPU_OFFLOAD", "TORCH_COMPILE",
+        "SPECULATIVE_DECODING", "EAGLE3_HIDDEN_STATES")),
     "sglang.srt.model_executor.cuda_graph_config.CudaGraphConfig#decode",
     "sglang.srt.model_executor.cuda_graph_config.PhaseConfig#bs",
     "sglang.srt.model_executor.cuda_graph_config.PhaseConfig#backend",
@@ -138,7 +144,7 @@ def checkpoint_reasons(cfg: Any, hf_config: Any) -> list[str]:
     return reasons
 
 
-def server_arg_reasons(cfg: Any, *, tp_sizes: Sequence[int] = TP_SIZES) -> list[str]:
+def server_arg_reasons(cfg: Any) -> list[str]:
     reasons = []
 
     def flag(name):
@@ -164,30 +170,17 @@ def server_arg_reasons(cfg: Any, *, tp_sizes: Sequence[int] = TP_SIZES) -> list[
         reasons.append(f"--flashinfer-mxfp4-moe-precision {_get(cfg, 'flashinfer_mxfp4_moe_precision')}: the "
                        "reference runs the sm_90 experts W4A16 (bf16 activations); leave it at default")
     a2a = _get(cfg, "moe_a2a_backend", "none")
-    if a2a not in (None, "none") or int(_get(cfg, "ep_size", 1) or 1) != 1:
-        reasons.append(f"expert parallelism (--ep-size {_get(cfg, 'ep_size')}, --moe-a2a-backend {a2a}): the "
-                       "reference shards every expert's intermediate dim over TP; start the server without "
-                       "--ep-size and --moe-a2a-backend")
-    for name, bad, why in (
-        ("enable_dp_attention", True, "data-parallel attention splits the batch over ranks"),
-        ("enable_prefill_cp", True, "context parallelism"),
-        ("enable_hisparse", True, "HiSparse moves the C4 cache off the device pools"),
-        ("enable_two_batch_overlap", True, "two-batch overlap splits the step"),
-        ("enforce_shared_experts_fusion", True, "the shared expert fused into the MXFP4 routed experts"),
-        ("enable_encoder_swa_bounded_replay", True, "the per-request SWA window pool"),
-        ("enable_deepseek_v4_fp4_indexer", True, "the FP4 C4 indexer"),
-        ("enable_lora", True, "LoRA adapters"),
+    if a2a not in (None, "none"):
+        reasons.append(f"--moe-a2a-backend {a2a}: the reference shards every expert's intermediate dim over TP "
+                       "(no all-to-all dispatch); start the server without --moe-a2a-backend")
+    for name, why in (
+        ("enable_hisparse", "HiSparse moves the C4 cache off the device pools"),
+        ("enforce_shared_experts_fusion", "the shared expert fused into the MXFP4 routed experts"),
+        ("enable_encoder_swa_bounded_replay", "the per-request SWA window pool"),
+        ("enable_deepseek_v4_fp4_indexer", "the FP4 C4 indexer"),
     ):
-        if _get(cfg, name) == bad:
+        if _get(cfg, name) is True:
             reasons.append(f"{flag(name)}: {why} is not covered; start the server without {flag(name)}")
-    for name, ok in (("attn_cp_size", 1), ("dcp_size", 1), ("pp_size", 1)):
-        value = _get(cfg, name, ok)
-        if value not in (None, ok):
-            reasons.append(f"{flag(name)} {value}: only tensor parallelism is covered; start the server with "
-                           f"{flag(name)} {ok}")
-    mode = _get(cfg, "disaggregation_mode", "null")
-    if mode not in (None, "null"):
-        reasons.append(f"--disaggregation-mode {mode}: PD disaggregation is not covered; serve without it")
     spec = _get(cfg, "speculative_algorithm")
     if (str(spec).upper() if spec else None) not in SPECULATIVE:
         reasons.append(f"--speculative-algorithm {spec}: the verify steps covered are DSpark's (the target's "
@@ -196,11 +189,64 @@ def server_arg_reasons(cfg: Any, *, tp_sizes: Sequence[int] = TP_SIZES) -> list[
     if recorder is not None:
         reasons.append(f"--expert-distribution-recorder-mode {recorder}: routing inside one launch records "
                        "nothing; start the server without it")
-    tp = int(_get(cfg, "tp_size", 1) or 1)
-    if tp not in tp_sizes:
-        reasons.append(f"tp_size {tp} is not one of {sorted(tp_sizes)}: start the server with --tp-size "
-                       f"{' or '.join(map(str, sorted(tp_sizes)))}")
+    # the TP size is SGLang's to refuse (DeviceLimits.tp_sizes), in words that list the sizes
     return reasons
+
+
+#: SGLang's refused-by-default features (`Feature` names), each with the server arguments
+#: that switch it on and the fix. The spec lists them all in `features`, so SGLang does not
+#: refuse them in its generic words, and `feature_reasons` refuses each here, once, naming the
+#: flag to drop. Speculative decoding is covered for DSpark (`server_arg_reasons` refuses
+#: the other algorithms, and so EAGLE3's hidden states); its ragged verify modes are not.
+FEATURES: dict[str, tuple[tuple[str, ...], str]] = {
+    "PIPELINE_PARALLEL": (("--pp-size",), "start the server with --pp-size 1 (the default)"),
+    "MULTI_NODE_TP": (("--nnodes",), "serve on one node (--nnodes 1, the default)"),
+    "DP_ATTENTION": (("--enable-dp-attention", "--attn-dp-size"), "start the server without DP attention"),
+    "EXPERT_PARALLEL": (("--ep-size",), "start the server with --ep-size 1 (the default): the reference shards "
+                        "every expert's intermediate dim over TP"),
+    "EPLB": (("--enable-eplb",), "start the server without --enable-eplb"),
+    "CONTEXT_PARALLEL": (("--attn-cp-size", "--dcp-size", "--enable-prefill-cp"),
+                         "start the server without context parallelism"),
+    "RAGGED_VERIFY": (("SGLANG_RAGGED_VERIFY_MODE",), "set SGLANG_RAGGED_VERIFY_MODE=static (the default): a launch "
+                      "serves the same number of tokens for every request"),
+    "TWO_BATCH_OVERLAP": (("--enable-two-batch-overlap", "--enable-single-batch-overlap"),
+                          "start the server without batch overlap: a launch runs the whole step"),
+    "LORA": (("--enable-lora", "--lora-paths"), "start the server without LoRA"),
+    "PD_DISAGGREGATION": (("--disaggregation-mode",), "start the server without --disaggregation-mode"),
+    "RETURN_ROUTED_EXPERTS": (("--enable-return-routed-experts",),
+                              "start the server without --enable-return-routed-experts"),
+    "RETURN_INDEXER_TOPK": (("--enable-return-indexer-topk",), "start the server without --enable-return-indexer-topk"),
+    "KV_OFFLOAD": (("--enable-hierarchical-cache", "--enable-lmcache", "--enable-flexkv"),
+                   "start the server without KV offload: the launches read the device pools only"),
+    "MEMORY_RELEASE": (("--enable-memory-saver", "--enable-weights-cpu-backup"),
+                       "start the server without memory release"),
+    "CPU_OFFLOAD": (("--cpu-offload-gb", "--offload-group-size"), "start the server without CPU offload"),
+    "TORCH_COMPILE": (("--enable-torch-compile",), "start the server without --enable-torch-compile"),
+}
+#: Accepted: speculative decoding (DSpark verify steps); the EAGLE3 hidden states only occur
+#: with EAGLE3, which `server_arg_reasons` refuses.
+ACCEPTED_FEATURES = ("SPECULATIVE_DECODING", "EAGLE3_HIDDEN_STATES")
+
+
+def feature_reasons(cfg: Any) -> list[str]:
+    """SGLang's refused-by-default features this server uses (SGLang's own probe,
+    `binding.features_in_use`), each with the fix."""
+    from sglang.srt.kernel_plugins.amd.binding import features_in_use
+
+    in_use = {f.name for f in features_in_use(cfg)}
+    return [f"{' / '.join(flags)}: {name.lower().replace('_', ' ')} is not covered; {fix}"
+            for name, (flags, fix) in FEATURES.items() if name in in_use]
+
+
+def hf_shape_reasons(hf_config: Any, hf_values: Mapping[str, Any]) -> list[str]:
+    """The V4.1-Flash config values the launches are built for (compared as SGLang compares
+    `Requirements.hf_config`), in one reason listing every mismatch."""
+    wrong = [f"{key} {_get(hf_config, key)!r}, not {want!r}" for key, want in hf_values.items()
+             if _get(hf_config, key) != want]
+    if not wrong:
+        return []
+    return [f"the model config is not DeepSeek-V4.1-Flash's ({'; '.join(wrong)}): the reference and its layouts "
+            "are built for V4.1-Flash's shapes; serve the DeepSeek-V4.1-Flash checkpoint with its config.json"]
 
 
 def env_reasons() -> list[str]:
@@ -309,7 +355,7 @@ def capture_reasons(cfg: Any, *, widths_by_tp: Mapping[int, Sequence[int]], toke
     if not served.intersection(captured):
         return [f"none of the captured decode graphs (batch sizes {sorted(captured)}) runs a launch: at TP {tp} "
                 f"with {tokens_per_request} token(s) a request the launches serve batch sizes {sorted(served)}; "
-                "capture at least one of them (or leave --cuda-graph-bs unset)"]
+                "capture at least one of them (or leave --cuda-graph-bs-decode unset)"]
     return []
 
 
@@ -320,14 +366,27 @@ def tokens_per_request_of(cfg: Any) -> int:
     return 1
 
 
-def config_reasons(cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Sequence[int]]) -> list[str]:
-    """Every reason this server is refused before load, at once."""
+def config_reasons(cfg: Any, hf_config: Any, *, widths_by_tp: Mapping[int, Sequence[int]],
+                   hf_values: Mapping[str, Any] | None = None) -> list[str]:
+    """Every reason this server is refused before load, all at once, each once. A check that
+    fails on a malformed value becomes a reason naming what it checked, not a traceback."""
+    checks = (
+        ("the server's features", lambda: feature_reasons(cfg)),
+        ("the checkpoint's quantization", lambda: checkpoint_reasons(cfg, hf_config)),
+        ("the model config's shapes", lambda: hf_shape_reasons(hf_config, hf_values or {})),
+        ("the server arguments", lambda: server_arg_reasons(cfg)),
+        ("SGLang's environment variables", env_reasons),
+        ("the model config", lambda: model_config_reasons(hf_config)),
+        ("the decode CUDA graph sizes", lambda: capture_reasons(
+            cfg, widths_by_tp=widths_by_tp, tokens_per_request=tokens_per_request_of(cfg))),
+    )
     reasons = kernel_reasons()
-    reasons += checkpoint_reasons(cfg, hf_config)
-    reasons += server_arg_reasons(cfg, tp_sizes=tuple(widths_by_tp))
-    reasons += env_reasons()
-    reasons += model_config_reasons(hf_config)
-    reasons += capture_reasons(cfg, widths_by_tp=widths_by_tp, tokens_per_request=tokens_per_request_of(cfg))
+    for what, check in checks:
+        try:
+            reasons += check()
+        except Exception as exc:  # noqa: BLE001 - a malformed value is a refusal, not a crash
+            reasons.append(f"cannot check {what} ({type(exc).__name__}: {exc}); serve the DeepSeek-V4.1-Flash "
+                           "checkpoint with its own config")
     return _dedupe(reasons)
 
 

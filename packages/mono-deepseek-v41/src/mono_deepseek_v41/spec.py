@@ -18,10 +18,10 @@ combine + norm, router, shared + routed experts, all-reduce #2, the post). Both 
 decode batch, or a DSpark verify block (gamma + 1 tokens a request, `tokens_per_request`) per
 request.
 
-Where refusals are stated. `Requirements` declares the model's identity (dtype, the dsv4
-decode backend, the V4.1-Flash shape values SGLang's code is gated on), which SGLang checks
-in its own words. Everything a server flag, an environment variable or the checkpoint's
-config decides is checked by `config_disable_reasons` alone, each reason once with its fix.
+Where refusals are stated. `Requirements` declares the dtype and the dsv4 decode backend,
+which SGLang checks in its own words. Everything else (the V4.1-Flash shape values, server
+flags, SGLang's refused-by-default features, environment variables, the checkpoint's config)
+is checked by `config_disable_reasons` alone, each reason once, naming its fix.
 `model_disable_reasons` checks the loaded layers on every rank.
 """
 
@@ -45,7 +45,7 @@ from mono_deepseek_v41 import refusals as _r
 SGLANG_READS = (
     "sglang.kernels.plugin_kernels.amd.spec.MonoSpec",
     "sglang.kernels.plugin_kernels.amd.spec.DeviceLimits",
-    "sglang.kernels.plugin_kernels.amd.spec.Feature.SPECULATIVE_DECODING",
+    "sglang.kernels.plugin_kernels.amd.spec.Feature",
     "sglang.kernels.plugin_kernels.amd.spec.Requirements",
     "sglang.kernels.plugin_kernels.amd.spec.Numerics",
     "sglang.kernels.plugin_kernels.amd.spec.NumericsKind.TOLERANCE",
@@ -112,11 +112,18 @@ HF_CONFIG = {
     "model_type": "deepseek_v41",
 }
 
+#: SGLang checks the dtype and the decode backend itself; the config values above are checked
+#: by `config_disable_reasons` (one reason naming the checkpoint to serve), not by
+#: `Requirements.hf_config` too, so that each mismatch is reported once.
 REQUIREMENTS = Requirements(
     dtypes=frozenset({"bfloat16"}),
     attention_backends=_r.ATTENTION_BACKENDS,
-    hf_config=HF_CONFIG,
 )
+
+#: SGLang's refused-by-default features: all accepted here, so SGLang does not refuse them in
+#: its generic words; `config_disable_reasons` refuses each one the reference does not cover
+#: (refusals.FEATURES) naming the flag to drop, and accepts speculative decoding (DSpark).
+FEATURES = frozenset(Feature[n] for n in (*_r.FEATURES, *_r.ACCEPTED_FEATURES) if n in Feature.__members__)
 
 #: Check-mode bounds `<launch>.<output>.<metric>`. No kernel exists yet: the stream bounds are
 #: the GLM-5.3 kernel's measured-and-kept ones carried over (cosine 0.999, rel 0.05); the
@@ -144,7 +151,7 @@ NUMERICS = Numerics(
 
 def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """Before load, in the launcher: every reason this server is refused, at once."""
-    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all(), hf_values=HF_CONFIG)
 
 
 def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:
@@ -172,9 +179,7 @@ def build(model: Any, hf_config: Any, context: Any) -> Any:
 SPEC = MonoSpec(
     name=NAME,
     devices=DEVICES,
-    # DSpark verify steps are covered (static verify only: SGLang itself refuses the ragged
-    # modes, Feature.RAGGED_VERIFY, which this spec does not accept)
-    features=frozenset({Feature.SPECULATIVE_DECODING}),
+    features=FEATURES,
     requires=REQUIREMENTS,
     numerics=NUMERICS,
     model_disable_reasons=model_disable_reasons,
@@ -184,4 +189,4 @@ SPEC = MonoSpec(
     tokens_per_request=tokens_per_request,
 )
 
-__all__ = ["ARCHITECTURE", "HF_CONFIG", "NUMERICS", "SPEC", "SPEC_PATH", "WIDTHS", "WIDTHS_BY_TP"]
+__all__ = ["ARCHITECTURE", "FEATURES", "HF_CONFIG", "NUMERICS", "SPEC", "SPEC_PATH", "WIDTHS", "WIDTHS_BY_TP"]

@@ -138,8 +138,9 @@ def test_numerics_name_each_launch_output():
 def test_requirements_name_real_fields():
     req = SPEC.requires
     assert req.dtypes == {"bfloat16"} and req.attention_backends <= set(ATTENTION_BACKEND_CHOICES)
+    assert not req.hf_config and not req.server_args and not req.env  # worded by the refusals instead
     hf = good_hf()
-    for key, want in req.hf_config.items():
+    for key, want in HF_CONFIG.items():
         assert getattr(hf, key, None) == want, key
     assert HF_CONFIG["hidden_size"] == V41_FLASH.hidden
     fields = {f.name for f in record_fields(ServerArgs)}
@@ -188,7 +189,7 @@ def test_good_setup_is_refused_only_for_the_missing_kernel(isa):
 
 # (cfg overrides, hf overrides, env, words every matching reason must hold)
 CASES = {
-    "tp 1": ({"tp_size": 1}, {}, {}, ["tp_size 1", "--tp-size 2 or 4 or 8"]),
+    "tp 1": ({"tp_size": 1}, {}, {}, ["tp_size 1 is not one of ['2', '4', '8']"]),  # SGLang's words
     "page size": ({"page_size": 64}, {}, {}, ["page size 64 is not 256", "--page-size 256"]),
     "bf16 kv": ({"kv_cache_dtype": "bfloat16"}, {}, {}, ["--kv-cache-dtype bfloat16", "--kv-cache-dtype fp8_e4m3"]),
     "mega attention": ({"dsv4_attn_backend": "flashmla_mega"}, {}, {}, ["--dsv4-attn-backend flashmla_mega",
@@ -196,16 +197,25 @@ CASES = {
     "triton moe": ({"moe_runner_backend": "triton"}, {}, {}, ["--moe-runner-backend triton",
                                                               "--moe-runner-backend auto"]),
     "w4a8 experts": ({"flashinfer_mxfp4_moe_precision": "fp8"}, {}, {}, ["W4A16", "leave it at default"]),
-    "expert parallel": ({"ep_size": 2}, {}, {}, ["expert parallelism", "without --ep-size"]),
-    "dp attention": ({"enable_dp_attention": True}, {}, {}, ["--enable-dp-attention", "without --enable-dp-attention"]),
+    "expert parallel": ({"ep_size": 2}, {}, {}, ["--ep-size", "--ep-size 1"]),
+    "a2a": ({"moe_a2a_backend": "deepep"}, {}, {}, ["--moe-a2a-backend deepep", "without --moe-a2a-backend"]),
+    "dp attention": ({"enable_dp_attention": True}, {}, {}, ["--enable-dp-attention", "without DP attention"]),
+    "context parallel": ({"enable_prefill_cp": True}, {}, {}, ["--enable-prefill-cp", "without context parallelism"]),
+    "two-batch overlap": ({"enable_two_batch_overlap": True}, {}, {}, ["--enable-two-batch-overlap", "batch overlap"]),
+    "lora": ({"enable_lora": True}, {}, {}, ["--enable-lora", "without LoRA"]),
+    "torch compile": ({"enable_torch_compile": True}, {}, {}, ["--enable-torch-compile"]),
+    "ragged verify": ({}, {}, {"SGLANG_RAGGED_VERIFY_MODE": "compact"}, ["SGLANG_RAGGED_VERIFY_MODE=static"]),
+    "shapes": ({}, {"hidden_size": 4096, "q_lora_rank": 1024}, {}, ["not DeepSeek-V4.1-Flash's",
+                                                                     "hidden_size 4096, not 5120",
+                                                                     "q_lora_rank 1024, not 1280"]),
     "hisparse": ({"enable_hisparse": True}, {}, {}, ["--enable-hisparse", "without --enable-hisparse"]),
     "shared fusion": ({"enforce_shared_experts_fusion": True}, {}, {}, ["without --enforce-shared-experts-fusion"]),
     "request window": ({"enable_encoder_swa_bounded_replay": True}, {}, {},
                        ["per-request SWA window", "without --enable-encoder-swa-bounded-replay"]),
     "fp4 indexer": ({"enable_deepseek_v4_fp4_indexer": True}, {}, {}, ["FP4 C4 indexer"]),
     "eagle": ({"speculative_algorithm": "EAGLE"}, {}, {}, ["--speculative-algorithm EAGLE", "DSPARK"]),
-    "pd": ({"disaggregation_mode": "decode"}, {}, {}, ["--disaggregation-mode decode"]),
-    "pp": ({"pp_size": 2}, {}, {}, ["--pp-size 2", "--pp-size 1"]),
+    "pd": ({"disaggregation_mode": "decode"}, {}, {}, ["--disaggregation-mode", "pd disaggregation"]),
+    "pp": ({"pp_size": 2}, {}, {}, ["--pp-size", "--pp-size 1"]),
     "recorder": ({"expert_distribution_recorder_mode": "stat"}, {}, {}, ["--expert-distribution-recorder-mode stat"]),
     "block 128": ({}, {"quantization_config": dict(QUANT, weight_block_size=[128, 128])}, {}, ["[128, 128]", "[32, 32]"]),
     "not ue8m0": ({}, {"quantization_config": dict(QUANT, scale_fmt=None)}, {}, ["scale_fmt is None", "ue8m0"]),
@@ -252,11 +262,12 @@ def test_every_reason_at_once():
         assert any(words in r for r in reasons), words
 
 
-def test_spec_accepts_speculative_decoding_but_not_ragged_verify(monkeypatch):
-    assert SPEC.features == {amd_spec.Feature.SPECULATIVE_DECODING}
-    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", "compact")
-    _, reasons = reasons_for()
-    assert any("uneven tokens per request in verify" in r for r in reasons)
+def test_every_probed_feature_is_worded_by_the_spec():
+    """SGLang refuses no feature in its generic words: each is accepted (DSpark speculation) or
+    refused by config_disable_reasons with its flag."""
+    assert SPEC.features | {amd_spec.Feature.PARTITIONED_GPU} == set(amd_spec.Feature)
+    assert set(_r.FEATURES) | set(_r.ACCEPTED_FEATURES) | {"PARTITIONED_GPU"} == set(amd_spec.Feature.__members__)
+    assert set(binding._PROBES) == set(amd_spec.Feature) - {amd_spec.Feature.PARTITIONED_GPU}
 
 
 def test_model_reasons_on_a_model_without_layers():
