@@ -27,6 +27,8 @@ to nearest even after clamping to +-448, as the kernels do.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "fp8_block_linear",
     "set_fp8_gemm_backend",
     "get_fp8_gemm_backend",
+    "fp8_gemm_backend",
 ]
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -153,6 +156,17 @@ def set_fp8_gemm_backend(name: str) -> None:
 
 def get_fp8_gemm_backend() -> str:
     return _BACKEND
+
+
+@contextlib.contextmanager
+def fp8_gemm_backend(name: str):
+    """`set_fp8_gemm_backend(name)` for the block, the previous backend restored after it."""
+    old = _BACKEND
+    set_fp8_gemm_backend(name)
+    try:
+        yield
+    finally:
+        set_fp8_gemm_backend(old)
 
 
 def _exact_gemm(xq, xs, w, ws, block):

@@ -13,16 +13,19 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
     scale leaves the direction alone). Set from measurement: on the CPU (tests/interp, tiny
     config, every interp case) the layer output reads at most 0.034 (upstream bf16/e4m3
     flips, the same noise that keeps its cosine at 0.9994..0.9998) and the residual at most
-    0.0025; the bounds, 0.05 and 0.01, leave a 1.5x and a 4x margin. On the H200 they are NOT
-    yet measured: the stream cosines measured there (0.9993..0.9996) correspond to about
-    0.028..0.037 for rows of equal norm, inside 0.05; the GPU suite reports the values.
+    0.0025. On the H200 (session 10, the GPU suite's 24 fused-vs-reference cases, TP8 shard
+    and TP1, widths 2/4/8, ctx 1000..70000, mixed contexts) the layer output read 0.025..0.0445
+    and the residual 0.0012..0.0047: the bounds, 0.06 and 0.01, leave a 1.35x and a 2x margin
+    over the worst measured anywhere (the GPU reference's FP8 GEMMs are torch scaled_mm, another
+    accumulation order, whose bf16/e4m3 flips upstream are this noise).
   * the layer output given the kernel's own h2 (moe_given_h2): the MoE part alone, with no
-    upstream noise. CPU: 0.0 (bit-identical to the reference MoE on the kernel's h2), while a
+    upstream noise, the reference MoE run with exact FP8 GEMMs (the kernel's arithmetic) on
+    every device. CPU: 0.0 (bit-identical to the reference MoE on the kernel's h2), while a
     1 % error in the routed experts' down-projection scales reads 0.0097 and in the shared
     expert's 0.0061 (tests/interp `test_one_percent_down_scale_error_fails`); the bound 0.004
-    catches either with a 1.5x margin. On the H200 the reference's FP8 GEMMs are torch
-    scaled_mm (another summation order): the value there is NOT yet measured, and if it
-    exceeds 0.004 this bound must move and a 1 % scale error is then seen on the CPU only.
+    catches either with a 1.5x margin. On the H200 with torch scaled_mm as the reference's GEMM
+    this read 0.006..0.031 (session 10), as much as the 1 % error (0.0175 there), hence the
+    exact GEMMs; the value with them is not yet measured on the H200.
   * MLA cache rows written at out_cache_loc: cosine >= 0.9999 and max |diff| <= 4 bf16 ulps
     of the row's amax (the latent is a norm output, the rope part a rope of a GEMM output).
     On the CPU against the exact-GEMM reference the rows are bit-identical (tests/interp);
@@ -66,7 +69,7 @@ from __future__ import annotations
 
 NUMERICS: dict[str, float] = {
     "glm53_layer.hidden.cosine_min": 0.999,
-    "glm53_layer.hidden.rel_l2_max": 0.05,
+    "glm53_layer.hidden.rel_l2_max": 0.06,
     "glm53_layer.residual.cosine_min": 0.9999,
     "glm53_layer.residual.rel_l2_max": 0.01,
     "glm53_layer.mla_cache.cosine_min": 0.9999,
