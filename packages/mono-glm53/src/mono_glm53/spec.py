@@ -71,7 +71,7 @@ WIDTHS = (2, 4, 8)
 #: - gfx950, TP 8: every width, as that port serves them. Not measured here.
 #: - sm_90, TP 8: every width: the launch beats the unfused path at each (H200, one TP8 rank's
 #:   shard, ctx 4096: width 2 306 us, 5.6x faster; width 8 430 us, 16x faster;
-#:   bench/results/h200_session9).
+#:   bench/results/README.md).
 #: - sm_90, TP 4: every width, as at TP 8 (not timed at TP 4). GLM-5.3's FP8 weights (about
 #:   750 GB) do not fit 4 H200s (141 GB each), so SGLang's load runs out of memory before the
 #:   kernel runs; the size is listed because the kernel does serve its shard, so the limit a

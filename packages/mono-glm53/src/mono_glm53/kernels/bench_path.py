@@ -2,8 +2,8 @@
 
 The builder picks the smallest built width (2, 4, 8) that holds the case's rows, builds the
 kernel on the case's weights (read in place) and returns the fused launch as a zero-argument,
-graph-capturable step. Import and call `register()` before `bench.main` (the bench script
-`packages/mono-glm53/bench/bench_glm53_mono.py` does).
+graph-capturable step. `mono_glm53.bench.main` registers it itself on a GPU; another caller of
+the bench's PATHS calls `register()` first.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# H200 session 8, second call: this tree's whole mono-glm53 GPU suite, the bench of this tree
-# (TP8 shard and TP1, unfused vs mono), then the base tree's mono path (BASE, a `git archive`
-# of the previous commit's src folders) in the same run for the side-by-side numbers, then the
-# fused launch's stamped per-stage spans of both trees if time is left (no staged timing).
+# One H200 call within its time limit (CALL_S seconds): the whole mono-glm53 GPU suite, the
+# layer benchmark of this tree (`python3 -m mono_glm53.bench`, TP8 shard and TP1, unfused vs
+# mono), then, if BASE names a `git archive` of another commit's src folders carried to the
+# machine, that tree's mono path in the same run for side-by-side numbers, and the fused
+# launch's stamped per-stage spans (diag_stages.py) of both trees with the time left.
 # WARM=1: first every variant of the suite compiled in parallel (warm_cache.py), and the base
-# tree's fused TP8 w2/w8 beside it for its diag; ORDER=diag-first: the diags before the benches.
-# BASE may be left unset: then only this tree runs. DIAG_ARGS: more diag_stages.py arguments
-# (such as --nprog 132,264). BASE_SHAPES: the base tree's bench shapes (default BENCH_SHAPES);
-# BASE_DIAG=0 skips the base tree's diag. WARM_BASE: the base variants warmed (tp8:2,tp8:8).
-# Usage (repo root): OUT=dir [BASE=dir] [WARM=1] [ORDER=diag-first] [BENCH_SHAPES=tp8] [DIAG_ARGS=...] bash packages/mono-glm53/bench/gpu_session8.sh
+# tree's WARM_BASE variants beside it; ORDER=diag-first: the diags before the benches.
+# BENCH_SHAPES / BASE_SHAPES: the bench shapes (default tp8,tp1); BASE_DIAG=0 skips the base
+# tree's diag; DIAG_ARGS: more diag_stages.py arguments (such as --nprog 132,264).
+# Usage (repo root): OUT=dir [BASE=dir] [WARM=1] [ORDER=diag-first] bash packages/mono-glm53/bench/gpu_call.sh
 set -u
 export TRITON_CACHE_DIR=$PWD/.triton-cache MONO_GUARD_MODE=report PYTHONUNBUFFERED=1
 CALL_S=${CALL_S:-575}
@@ -16,7 +16,7 @@ left() { echo $(( CALL_S - SECONDS - ${1:-0} )); }
 srcs() { echo "$1/packages/mono-common/src:$1/packages/mono-glm53/src"; }
 bench() { local tree=$1 tag=$2 paths=$3 shapes=$4 lim=$(left 10)
   [ "$lim" -gt 40 ] || { echo "bench $tag skipped (time)"; return; }
-  PYTHONPATH=$(srcs "$tree") timeout "$lim" python3 packages/mono-glm53/bench/bench_glm53_mono.py --shapes "$shapes" \
+  PYTHONPATH=$(srcs "$tree") timeout "$lim" python3 -m mono_glm53.bench --shapes "$shapes" \
     --paths "$paths" --out "$OUT/bench_$tag" --max-seconds $(( lim - 30 )) > "$OUT/bench_$tag.log" 2>&1
   echo "bench rc=$? t=${SECONDS}s" >> "$OUT/bench_$tag.log"; grep -v "^{\|^scaled_mm\|Warn\|warn" "$OUT/bench_$tag.log" | tail -40 | cut -c1-90; }
 diag() { local tree=$1 tag=$2 lim=$(left 5)
