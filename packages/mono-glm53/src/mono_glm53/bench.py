@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from mono_common.ref import fp8 as fp8_mod
+
 from .config import REAL, GlmLayerShape, tiny
 from .reference import DecodeInputs, LayerCaches, decoder_layer
 from .weights import make_caches, make_weights, weight_bytes

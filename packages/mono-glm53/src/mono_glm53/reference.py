@@ -59,9 +59,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .config import GlmLayerShape
 from mono_common.ref.fp8 import act_quant, fp8_block_linear, index_k_quant, per_token_group_quant
 from mono_common.ref.rope import apply_rope, hadamard_rotate, rope_cos_sin
+
+from .config import GlmLayerShape
 
 __all__ = [
     "SGLANG_READS",

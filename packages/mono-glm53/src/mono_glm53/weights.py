@@ -49,8 +49,9 @@ import os
 
 import torch
 
-from .config import GlmLayerShape
 from mono_common.ref.fp8 import block_dequant, block_quant, index_k_quant
+
+from .config import GlmLayerShape
 from .reference import DecodeInputs, LayerCaches
 
 __all__ = [

@@ -26,10 +26,10 @@ from sglang.srt.layers.layer_boundary.residual import batch as residual_batch
 from sglang.srt.layers.layer_boundary.residual.add_norm import PLAIN_ADD
 from torch import nn
 
-from mono_glm53 import reference as ref
-from mono_glm53.config import tiny
 from mono_common.ref.fp8 import FP8_DTYPE
 from mono_common.ref.rope import rope_cos_sin
+from mono_glm53 import reference as ref
+from mono_glm53.config import tiny
 from mono_glm53.weights import make_caches, make_weights
 
 BF16 = torch.bfloat16

@@ -1,8 +1,12 @@
-"""The split-K factors of the layer kernel's GEMVs (`layer._pick_ks`, `make_plan`)."""
+"""How the layer kernel's GEMVs are split over the programs: split-K factors (`layer._pick_ks`) and
+the dense FP8 GEMVs' stream-K spans (`make_plan`, `mono_common.stages.gemv.span_slots`)."""
+
+import dataclasses
 
 import pytest
 
-from mono_glm53.config import REAL, tiny
+from mono_common.stages.gemv import span_slots
+from mono_glm53.config import REAL
 from mono_glm53.kernels.layer import _pick_ks, make_plan
 
 
@@ -33,12 +37,28 @@ def test_unknown_rule_is_refused():
         _pick_ks(41, 48, 264, rule="fast")
 
 
-def test_plan_default_is_the_first_rule_and_balanced_moves_only_dense_gemvs():
+def test_plan_streams_the_dense_gemvs_and_the_rule_moves_only_the_index_wk():
     s = REAL.tp_shard(8, 0)
-    first = make_plan(s, 2, True, 264)
-    assert (first.KS1, first.KS3, first.KS9, first.KSR, first.KSG) == (8, 4, 4, 8, 4)
+    p = make_plan(s, 2, True, 264)
+    # (column tile of 128, K block) items: q_a/kv_a 21 x 48 = 1008, q_b 16 x 16 = 256, the
+    # index wq_b 32 x 16 = 512, o_proj 48 x 16 = 768: each program one span of ceil(items / 264)
+    assert (p.BNS, p.PER1, p.PER3, p.PERQ, p.PER9) == (128, 4, 1, 2, 3)
+    for items, per in ((1008, p.PER1), (256, p.PER3), (512, p.PERQ), (768, p.PER9)):
+        assert per * 264 >= items > (per - 1) * 264
+    # a column tile's partials land in as many slots as spans can touch it
+    assert (p.KS1, p.KS3, p.KSQ, p.KS9) == (span_slots(6144, 128, 4), span_slots(2048, 128, 1),
+                                            span_slots(2048, 128, 2), span_slots(2048, 128, 3)) == (13, 16, 9, 6)
+    assert (p.KSR, p.KSG) == (8, 4)
     bal = make_plan(s, 2, True, 264, "balanced")
-    assert (bal.KS1, bal.KS3, bal.KS9) == (6, 8, 8)
-    assert (bal.KSR, bal.KSG) == (first.KSR, first.KSG)
-    t = make_plan(tiny(), 2, True, 3, "balanced")
-    assert t.KS1 != make_plan(tiny(), 2, True, 3).KS1  # the interp test runs a different split
+    assert (p.KSI, bal.KSI) == (12, 8)
+    assert dataclasses.replace(bal, KSI=p.KSI) == p
+
+
+def test_span_slots_count_the_spans_a_tile_can_touch():
+    # a 48-block tile and spans of 4: starting on the last item of a span it meets 1 + 12 spans
+    assert span_slots(6144, 128, 4) == 13
+    assert span_slots(2048, 128, 16) == 2 and span_slots(2048, 128, 32) == 2
+    for nkb in (1, 5, 16, 48):
+        for per in (1, 2, 3, 7, 64):
+            worst = max(len({(i0 + j) // per for j in range(nkb)}) for i0 in range(per))
+            assert span_slots(nkb * 128, 128, per) >= worst

@@ -35,7 +35,8 @@ def read_ceiling_tbs(nbytes: int = 2 << 30, nprog: int | None = None, block: int
         nprog = 2 * torch.cuda.get_device_properties(dev).multi_processor_count
     buf = torch.randint(0, 7, (nbytes // 4,), dtype=torch.int32, device=dev)
     out = torch.empty(nprog, dtype=torch.int32, device=dev)
-    us = graph_median_us(lambda: _read_sum[(nprog,)](buf, buf.numel(), out, BLOCK=block, num_warps=8),
-                         1, replays, warmup=3)
-    del buf
+    def step(buf=buf):
+        _read_sum[(nprog,)](buf, buf.numel(), out, BLOCK=block, num_warps=8)
+
+    us = graph_median_us(step, 1, replays, warmup=3)
     return nbytes / us / 1e6

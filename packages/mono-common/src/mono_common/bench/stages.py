@@ -77,8 +77,10 @@ def bench_gemv(torch, dev, nprog, ceiling, shapes, rows_list, variants, replays,
                     out = alloc_out(plan, L, dev)
                     bar = torch.zeros(2, dtype=torch.int32, device=dev)
                     for tag, b in (("bar", True), ("nobar", False)):
-                        us = graph_median_us(lambda: launch_gemv(plan, xqv if xq else x, w, s, out, bar, barrier=b, xs=xs),
-                                             1, replays, warmup=3) / L
+                        def step(plan=plan, xin=xqv if xq else x, w=w, s=s, out=out, bar=bar, b=b, xs=xs):
+                            launch_gemv(plan, xin, w, s, out, bar, barrier=b, xs=xs)
+
+                        us = graph_median_us(step, 1, replays, warmup=3) / L
                         row[f"us_{tag}"] = us
                         row[f"frac_{tag}"] = floor_us / us
                 except Exception as e:  # a variant that fails to build is reported, not fatal

@@ -47,7 +47,7 @@ class GemvPlan:
 
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
-             pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0) -> "GemvPlan":
+             pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:

@@ -72,6 +72,7 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
+
 # the library's numerics under the names the stage bodies use
 from mono_common.stages.numerics import bf16r as _bf16
 from mono_common.stages.numerics import div_rn as _div
