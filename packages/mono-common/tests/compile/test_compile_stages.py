@@ -36,3 +36,30 @@ def test_gemv_entry_compiles_without_spills(target, case, record_property):
     record_property("resources", cc.format_resources(res))
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
+SMALL = [
+    ("topk", "topk_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32", "tkh_ptr": "*i32",
+                            "tkc_ptr": "*i32", "topk_ptr": "*i32", "nck": "i32"},
+     [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)]),
+    ("routing", "routing_entry", {"lg_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "used_ptr": "*i32"},
+     [dict(W=8, BM=8, E=256, TOPE=8, KSR=8)]),
+    ("rmsnorm", "rmsnorm_entry", {"x_ptr": "*fp32", "w_ptr": "*bf16", "out_ptr": "*fp32", "eps": "fp32"},
+     [dict(D=512)]),
+    ("rope", "rope_entry", {"x_ptr": "*fp32", "pos_ptr": "*i64", "cs_ptr": "*fp32", "out_ptr": "*fp32"},
+     [dict(RD=64, NEOX=True), dict(RD=64, NEOX=False)]),
+    ("hadamard", "hadamard_entry", {"x_ptr": "*fp32", "out_ptr": "*fp32", "hscale": "fp32"}, [dict(D=128)]),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("name,entry,sig,variants", SMALL, ids=[c[0] for c in SMALL])
+def test_small_entries_compile_without_spills(target, name, entry, sig, variants, record_property):
+    from mono_common.stages import entries
+
+    for ce in variants:
+        res = cc.compile_kernel(getattr(entries, entry), sig, ce, target, num_warps=4, pointer_align=16,
+                                num_stages=STAGES[target], amd_buffer_ops=False)
+        record_property("resources", f"{name} {ce}: {cc.format_resources(res)}")
+        assert res.spills == 0, cc.format_resources(res)
+        assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)

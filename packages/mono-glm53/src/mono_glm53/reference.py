@@ -60,7 +60,9 @@ import torch
 import torch.nn.functional as F
 
 from mono_common.ref.fp8 import act_quant, fp8_block_linear, index_k_quant, per_token_group_quant
+from mono_common.ref.norm import layer_norm, rms_norm
 from mono_common.ref.rope import apply_rope, hadamard_rotate, rope_cos_sin
+from mono_common.ref.routing import biased_topk as _biased_topk
 
 from .config import GlmLayerShape
 
@@ -223,32 +225,6 @@ class LayerOutput:
 
 
 # ---- norms and activation -------------------------------------------------------------------
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-):
-    """Mirrors `sglang.srt.layers.layernorm.RMSNorm.forward_native` (fused_add_rms_norm on CUDA
-    computes the same: fp32 add, residual stored in x's dtype, variance of the fp32 sum).
-    Returns out, or (out, new residual) when `residual` is given."""
-    orig = x.dtype
-    xf = x.float()
-    if residual is not None:
-        xf = xf + residual.float()
-        residual = xf.to(orig)
-    var = xf.pow(2).mean(dim=-1, keepdim=True)
-    xf = xf * torch.rsqrt(var + eps)
-    out = (xf * weight).to(orig)
-    return out if residual is None else (out, residual)
-
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """Mirrors `sglang.srt.layers.layernorm.LayerNorm.forward_native` with fp32 params (the
-    indexer's `k_norm`): fp32 layer norm, cast back to x's dtype."""
-    return F.layer_norm(x.float(), (x.shape[-1],), weight=weight, bias=bias, eps=eps).to(x.dtype)
-
-
 def silu_and_mul(x: torch.Tensor, native: bool = False) -> torch.Tensor:
     """SwiGLU on [..., 2I] = [gate | up]. Default: the CUDA `silu_and_mul` kernel (fp32, one
     rounding); `native`: `sglang.srt.layers.activation.SiluAndMul.forward_native` (bf16 ops)."""
@@ -553,21 +529,10 @@ def biased_topk(
     s: GlmLayerShape,
     apply_routed_scaling: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mirrors `sglang.srt.layers.moe.topk.biased_topk_impl` (= `biased_grouped_topk_impl` with
-    n_group = topk_group = 1, what the CUDA `moe_fused_gate` computes): fp32 sigmoid scores,
-    choose top-k of scores + bias, gather the unbiased scores, renormalise with an fp32 sum
-    + 1e-20, optionally x routed_scaling (SGLang applies it here only when the MoE runner fuses
-    it; on the H200 triton/DeepGEMM runners it is applied to the expert sum instead).
-    Returns (weights [T, k] fp32, ids [T, k] int32, unsorted)."""
-    scores = logits.float().sigmoid()
-    choice = scores + correction_bias.view(1, -1).float()
-    _, ids = torch.topk(choice, k=s.top_k, dim=-1, sorted=False)
-    wts = scores.gather(1, ids)
-    if s.norm_topk_prob:
-        wts = wts / (wts.sum(dim=-1, keepdim=True, dtype=torch.float32) + 1e-20)
-    if apply_routed_scaling:
-        wts = wts * s.routed_scaling
-    return wts.float(), ids.to(torch.int32)
+    """GLM-5.3's routing: `mono_common.ref.routing.biased_topk` (SGLang's `biased_topk_impl`)
+    with the shape's top-k, renormalisation and, if `apply_routed_scaling`, its scaling factor."""
+    return _biased_topk(logits, correction_bias, s.top_k, renormalize=s.norm_topk_prob,
+                        routed_scaling=s.routed_scaling if apply_routed_scaling else None)
 
 
 def shared_expert(x: torch.Tensor, w: dict[str, torch.Tensor], s: GlmLayerShape) -> torch.Tensor:

@@ -1,5 +1,9 @@
 """Stage bodies of the GLM-5.3 decoder-layer kernel, shared by the fused and the staged launch.
 
+The generic pieces come from mono-common's stage library (`mono_common.stages`: numerics, GEMV
+tiles, norms, RoPE / Hadamard, the radix top-k, sparse MLA and its combine, biased routing,
+tile assignment); this module holds GLM-5.3's own stage bodies and the launch that links them.
+
 Every stage is a `@triton.jit` function `stage_<name>(pid, nprog, ...)` that loops over its tiles
 `for t in range(pid, ntiles, nprog)`: the tiles of a stage are shared among the resident
 programs. `layer_kernel` (below) runs the stages FIRST..LAST in order; with FUSED it links them
@@ -41,9 +45,9 @@ Numerics follow SGLang's decode path: bf16 rounding at the outputs of every line
 per-token-group (block) FP8 quantisation of the activation before every FP8 GEMM (as
 `per_token_group_quant_fp8`), fp32 accumulation, fp32 router and routing. FP8 e4m3 weights
 are read as uint8 and bitcast (one path for the interpreter and both ISAs). Rounding is done
-by the kernel's own helpers (`_rbf`: fp32->bf16 RNE, `_e4m3_bits`: fp32->e4m3 RNE, `_div`:
-IEEE division) because the Triton 3.8 interpreter truncates fp32->bf16, misrounds fp32->fp8
-and computes bf16 tl.dot wrongly (`_dot` upcasts there).
+by the library's helpers (`mono_common.stages.numerics`, under the names `_rbf`, `_e4m3_bits`,
+`_div`, `_dot` here) because the Triton 3.8 interpreter truncates fp32->bf16, misrounds
+fp32->fp8 and computes bf16 tl.dot wrongly.
 
 Arguments: the kernel takes one device table (`ptable`: every tensor address and runtime
 scalar of the launch, one row per rank) plus the W_UK/W_UV strides (kept as arguments so
@@ -72,6 +76,10 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
+from mono_common.stages.gemv import sum_slots as _sum_splits
+from mono_common.stages.mla import mla_combine as stage_mlacomb
+from mono_common.stages.mla import mla_partial as stage_mla
+from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
 
 # the library's numerics under the names the stage bodies use
 from mono_common.stages.numerics import bf16r as _bf16
@@ -81,6 +89,14 @@ from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
 from mono_common.stages.numerics import rbf as _rbf
+from mono_common.stages.rope import hadamard as _hadamard
+from mono_common.stages.rope import rope_apply as _rope_apply
+from mono_common.stages.routing import biased_topk as _routing
+from mono_common.stages.tiles import first_tile as _first_tile
+from mono_common.stages.topk import TKC, TKH_ROW  # noqa: F401 (the host sizes tkh / tkc from them)
+from mono_common.stages.topk import topk_count as stage_tkcount
+from mono_common.stages.topk import topk_hist as stage_tkhist
+from mono_common.stages.topk import topk_write as stage_tkwrite
 from mono_glm53.kernels import ptable as P
 
 NSTAGES = 21
@@ -133,71 +149,6 @@ def _sl(row, slot: tl.constexpr):
 def _si(row, slot: tl.constexpr):
     """The integer scalar in `slot` of a pointer-table row, as int32."""
     return tl.load(row + slot, volatile=True).to(tl.int32)
-
-
-@triton.jit
-def _rope_apply(x_ptr, pos, cs_ptr, RD: tl.constexpr, NEOX: tl.constexpr):
-    """RoPE of the RD fp32 values at x_ptr at position pos (fp32 math, as SGLang's CUDA kernels);
-    cs row = cos[RD/2] | sin[RD/2] (RotaryEmbedding's cos_sin_cache layout)."""
-    j = tl.arange(0, RD)
-    HALF: tl.constexpr = RD // 2
-    if NEOX:
-        partner = (j + HALF) % RD
-        sgn = tl.where(j < HALF, -1.0, 1.0)
-        ci = j % HALF
-    else:
-        partner = j ^ 1
-        sgn = tl.where((j & 1) == 0, -1.0, 1.0)
-        ci = j // 2
-    x = tl.load(x_ptr + j)
-    xp = tl.load(x_ptr + partner)
-    c = tl.load(cs_ptr + pos * RD + ci)
-    s = tl.load(cs_ptr + pos * RD + HALF + ci)
-    return x * c + sgn * (xp * s)
-
-
-@triton.jit
-def _first_tile(pid, nprog, base):
-    """The first tile index >= base that program pid takes (t = pid mod nprog): stages whose
-    tiles fall in consecutive ranges loop over each range apart with the same assignment."""
-    return base + (pid + nprog - base % nprog) % nprog
-
-
-@triton.jit
-def _hadamard(src_ptr, D: tl.constexpr, hscale):
-    """x[D] @ H_D * hscale, x read from memory one element a step (a [D, D] sign matrix would
-    spill, and a [16, D] chunk summed over its rows is a cross-warp reduction whose offsets
-    hold scalar registers on gfx950), Sylvester H[i, j] = (-1)^popcount(i & j), fp32."""
-    j = tl.arange(0, D)
-    acc = tl.zeros([D], tl.float32)
-    for i in range(0, D):
-        a = i & j
-        p = a ^ (a >> 16)
-        p = p ^ (p >> 8)
-        p = p ^ (p >> 4)
-        p = p ^ (p >> 2)
-        p = p ^ (p >> 1)
-        acc += tl.where((p & 1) == 0, 1.0, -1.0) * tl.load(src_ptr + i)
-    return acc * hscale
-
-
-@triton.jit
-def _sum_splits(p_ptr, row, col0, W: tl.constexpr, NSTR: tl.constexpr, KS: tl.constexpr,
-                D: tl.constexpr):
-    """Sum the KS split-K partials of out[row, col0:col0+D] in fixed order (deterministic)."""
-    c = tl.arange(0, D)
-    acc = tl.zeros([D], tl.float32)
-    for ks in range(KS):
-        acc += tl.load(p_ptr + ks * (W * NSTR) + row * NSTR + col0 + c)
-    return acc
-
-
-@triton.jit
-def _rmsnorm_vec(x, w_ptr, D: tl.constexpr, eps):
-    """RMSNorm of an fp32 vector with a bf16 weight: fp32 math, one bf16 rounding."""
-    var = tl.sum(x * x, 0) / D
-    w = tl.load(w_ptr + tl.arange(0, D)).to(tl.float32)
-    return _bf16(x * tl.rsqrt(var + eps) * w)
 
 
 @triton.jit
@@ -474,206 +425,6 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
 
 
 @triton.jit
-def _okey(x):
-    """fp32 -> int64 in [0, 2^32) whose integer order is the float order."""
-    b = x.to(tl.int32, bitcast=True)
-    k = b ^ ((b >> 31) & 0x7FFFFFFF)
-    return k.to(tl.int64) + 2147483648
-
-
-# Keys per chunk of the top-k stages: one 256-bin histogram of 256 keys a chunk (at 1024 keys a
-# histogram held too many of gfx950's SGPRs: one lane ballot per digit bit per key a thread holds)
-TKC = tl.constexpr(256)
-# A row's top-k histograms: one of 256 bins per 8-bit radix pass, four passes
-TKH_ROW = tl.constexpr(4 * 256)
-
-
-@triton.jit
-def _tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
-    """The threshold's top PASSES digits (8 bits each, from the top), from the row's first
-    PASSES histograms at hb (every program derives the same value from the same complete
-    histograms). Per pass the digit is the largest whose suffix count (keys with that digit or
-    more among the prefix's keys) still reaches the keys left to place."""
-    dig = tl.arange(0, 256)
-    thr = tl.full([], 0, tl.int64)
-    need = tl.full([], TOPK, tl.int32)
-    for ps in tl.static_range(PASSES):
-        hist = tl.load(hb + ps * 256 + dig)
-        suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-        b = tl.max(tl.where(suffix >= need, dig, 0), 0)
-        need -= tl.sum(tl.where(dig > b, hist, 0), 0)
-        thr = thr | (b.to(tl.int64) << (24 - 8 * ps))
-    return thr
-
-
-@triton.jit
-def _tk_keys(scores_ptr, stride_sc, m, c0, n):
-    """Row m's order-preserving keys of chunk c0..c0+TKC and which of them are tokens (< n)."""
-    inb = c0 + tl.arange(0, TKC) < n
-    return inb, _okey(tl.load(scores_ptr + m * stride_sc + c0 + tl.arange(0, TKC), mask=inb, other=0.0))
-
-
-@triton.jit
-def stage_tkhist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
-                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS: tl.constexpr):
-    """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
-    of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
-    row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
-    if INDEXER:
-        dig = tl.arange(0, 256)  # the histogram's bins
-        shift: tl.constexpr = 24 - 8 * PASS
-        for t in range(pid, W * nck, nprog):
-            m = t // nck
-            c0 = (t % nck) * TKC
-            n = tl.load(seqlen_ptr + m)
-            if (n > TOPK) & (c0 < n):
-                hb = tkh_ptr + m * TKH_ROW
-                thr = _tk_prefix(hb, TOPK, PASS)
-                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
-                match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
-                d = ((key >> shift) & 255).to(tl.int32)
-                # no histogram mask on every Triton: count the others as digit 0 and take them
-                # off again
-                hist = tl.histogram(tl.where(match, d, 0), 256)
-                hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
-                tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
-
-
-@triton.jit
-def stage_tkcount(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
-    """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
-    and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
-    if INDEXER:
-        for t in range(pid, W * nck, nprog):
-            m = t // nck
-            c0 = (t % nck) * TKC
-            n = tl.load(seqlen_ptr + m)
-            if (n > TOPK) & (c0 < n):
-                thr = _tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
-                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
-                tl.store(tkc_ptr + t * 2, tl.sum(((key > thr) & inb).to(tl.int32), 0))
-                tl.store(tkc_ptr + t * 2 + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
-
-
-@triton.jit
-def stage_tkwrite(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
-    """The row's top-TOPK token indices: every key above the threshold in index order, then the
-    ties in index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes
-    0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts."""
-    if INDEXER:
-        dig = tl.arange(0, TKC)
-        nw = tl.maximum(nck, (TOPK + TKC - 1) // TKC)
-        for t in range(pid, W * nw, nprog):
-            m = t // nw
-            c = t % nw
-            c0 = c * TKC
-            n = tl.load(seqlen_ptr + m)
-            if n <= TOPK:
-                tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
-                         mask=c0 + dig < TOPK)
-            elif c0 < n:
-                thr = _tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
-                ncr = (n + TKC - 1) // TKC
-                gtb = tl.full([], 0, tl.int32)
-                eqb = tl.full([], 0, tl.int32)
-                gtt = tl.full([], 0, tl.int32)
-                for b0 in range(0, ncr, TKC):
-                    cc = b0 + dig
-                    cb = tkc_ptr + (m * nck + cc) * 2
-                    g = tl.load(cb, mask=cc < ncr, other=0)
-                    e = tl.load(cb + 1, mask=cc < ncr, other=0)
-                    gtb += tl.sum(tl.where(cc < c, g, 0), 0)
-                    eqb += tl.sum(tl.where(cc < c, e, 0), 0)
-                    gtt += tl.sum(g, 0)
-                inb, key = _tk_keys(scores_ptr, stride_sc, m, c0, n)
-                # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
-                # the row (the rows after it, or past the buffer)
-                si = ((key > thr) & inb).to(tl.int32)
-                slot = gtb + tl.cumsum(si, 0) - si
-                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
-                si = ((key == thr) & inb).to(tl.int32)
-                slot = gtt + eqb + tl.cumsum(si, 0) - si
-                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
-
-
-@triton.jit
-def stage_mla(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
-              part_ptr, ml_ptr, sm_scale,
-              W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
-              TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr):
-    NCH: tl.constexpr = TOPK // CT
-    NG: tl.constexpr = (NH + HG - 1) // HG
-    DA: tl.constexpr = KVL + RD
-    hh = tl.arange(0, HG)
-    tt = tl.arange(0, CT)
-    cr = tl.arange(0, RD)
-    for t in range(pid, W * NG * NCH, nprog):
-        c = t % NCH
-        g = (t // NCH) % NG
-        m = t // (NCH * NG)
-        heads = g * HG + hh
-        hm = heads < NH
-        req = tl.load(req_ptr + m).to(tl.int64)
-        idx = tl.load(topk_ptr + m * TOPK + c * CT + tt)
-        valid = idx >= 0
-        phys = tl.load(rtt_ptr + req * stride_rtt + tl.maximum(idx, 0), mask=valid, other=0).to(tl.int64)
-        kb = kv_cache_ptr + phys * DA
-        # scores over KVL in 64-wide chunks (a [CT, 512] tile would not fit in registers)
-        DC: tl.constexpr = 64 if KVL >= 64 else KVL
-        dc = tl.arange(0, DC)
-        qb = qabs_ptr + (m * NH + heads) * DA
-        kr = tl.load(kb[:, None] + KVL + cr[None, :], mask=valid[:, None], other=0.0)
-        qr = tl.load(qb[:, None] + KVL + cr[None, :], mask=hm[:, None], other=0.0)
-        s = _dot(qr, tl.trans(kr))
-        for d0 in range(0, KVL, DC):
-            kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
-            qn = tl.load(qb[:, None] + d0 + dc[None, :], mask=hm[:, None], other=0.0)
-            s += _dot(qn, tl.trans(kn))
-        s = tl.where(valid[None, :], s * sm_scale, -1e30)
-        mx = tl.max(s, 1)
-        p = tl.where(valid[None, :], tl.exp(s - mx[:, None]), 0.0)
-        l = tl.sum(p, 1)
-        pbf = _rbf(p)
-        pb = part_ptr + ((m * NH + heads) * NCH + c) * KVL
-        for d0 in range(0, KVL, DC):
-            kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
-            o = _dot(pbf, kn)
-            tl.store(pb[:, None] + d0 + dc[None, :], o, mask=hm[:, None])
-        mb = ml_ptr + ((m * NH + heads) * NCH + c) * 2
-        tl.store(mb, mx, mask=hm)
-        tl.store(mb + 1, l, mask=hm)
-
-
-@triton.jit
-def stage_mlacomb(pid, nprog, part_ptr, ml_ptr, attn_ptr,
-                  W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, TOPK: tl.constexpr,
-                  CT: tl.constexpr):
-    """attn[m, h, d-block] = sum_c exp(max_c - M) * part_c / sum_c exp(max_c - M) * l_c over the
-    MLA stage's token chunks c, in chunk order (a tile per row, head and DC-column block: the
-    combine of one (row, head group) by one program took ~70 us of the TP8 shard's launch).
-    The chunk loops are unrolled so that every chunk's loads are in flight together; the sums
-    still run in chunk order."""
-    NCH: tl.constexpr = TOPK // CT
-    DC: tl.constexpr = 64 if KVL >= 64 else KVL
-    ND: tl.constexpr = KVL // DC
-    dc = tl.arange(0, DC)
-    for t in range(pid, W * NH * ND, nprog):
-        d0 = (t % ND) * DC
-        mh = t // ND  # m * NH + h
-        mlb = ml_ptr + mh * NCH * 2
-        M = tl.load(mlb)
-        for cc in tl.static_range(1, NCH):
-            M = tl.maximum(M, tl.load(mlb + cc * 2))
-        L = tl.zeros([DC], tl.float32)
-        acc = tl.zeros([DC], tl.float32)
-        for cc in tl.static_range(NCH):
-            e = tl.exp(tl.load(mlb + cc * 2) - M)
-            L += e * tl.load(mlb + cc * 2 + 1)
-            acc += e * tl.load(part_ptr + (mh * NCH + cc) * KVL + d0 + dc)
-        tl.store(attn_ptr + mh * KVL + d0 + dc, _bf16(acc / tl.maximum(L, 1e-30)))
-@triton.jit
 def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
               W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr,
               VD: tl.constexpr, VB: tl.constexpr):
@@ -781,35 +532,6 @@ def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
         q, qs = _quant_blocks(tl.load(h2_ptr + m * H + b0 + kb).to(tl.float32), BLK, BLK)
         tl.store(h2q_ptr + m * H + b0 + kb, q)
         tl.store(h2s_ptr + m * NB + b0 // BLK + tl.arange(0, 1), qs)
-
-
-@triton.jit
-def _routing(lg_ptr, bias_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr,
-             TOPE: tl.constexpr, KSR: tl.constexpr):
-    # BM here is W rounded up to a power of two (a [16, 256] tile set would spill)
-    """biased_topk: fp32 sigmoid, top-TOPE of score + bias, renormalised unbiased scores.
-
-    Returns (wmat [BM, E]: each row's weight per expert, 0 when unselected; used [E] 0/1)."""
-    rows = tl.arange(0, BM)
-    rmask = rows < W
-    e = tl.arange(0, E)
-    lg = tl.zeros([BM, E], tl.float32)
-    for ks in range(KSR):
-        lg += tl.load(lg_ptr + ks * (W * E) + rows[:, None] * E + e[None, :], mask=rmask[:, None], other=0.0)
-    sc = tl.sigmoid(lg)
-    b = sc + tl.load(bias_ptr + e)[None, :]
-    sel = tl.zeros([BM, E], tl.int32)
-    for _k in range(TOPE):
-        bm = tl.where(sel == 0, b, -1e30)
-        mx = tl.max(bm, 1)
-        first = tl.min(tl.where(bm == mx[:, None], e[None, :], E), 1)
-        sel = tl.where(e[None, :] == first[:, None], 1, sel)
-    wsel = tl.where(sel != 0, sc, 0.0)
-    den = tl.sum(wsel, 1) + 1e-20
-    wmat = _div(wsel, den[:, None] + tl.zeros_like(wsel))
-    wmat = tl.where(rmask[:, None], wmat, 0.0)
-    used = tl.max(tl.where(rmask[:, None], sel, 0), 0)
-    return wmat, used
 
 
 @triton.jit

@@ -1,0 +1,51 @@
+"""Position and rotation helpers of attention stages: RoPE and the Sylvester Hadamard rotation.
+
+  rope_apply(x_ptr, pos, cs_ptr, RD, NEOX) -> fp32 [RD]: RoPE of RD fp32 values at x_ptr at
+      position pos, cs_ptr the fp32 [positions, RD] cos | sin table (RotaryEmbedding's
+      cos_sin_cache layout); NEOX pairs (i, i + RD/2), else interleaved (2i, 2i + 1)
+  hadamard(src_ptr, D, hscale) -> fp32 [D]: x[D] @ H_D * hscale, H the Sylvester matrix
+      (SGLang's rotate_activation for the DSA indexer)
+References: mono_common.ref.rope.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_apply(x_ptr, pos, cs_ptr, RD: tl.constexpr, NEOX: tl.constexpr):
+    """RoPE of the RD fp32 values at x_ptr at position pos (fp32 math, as SGLang's CUDA kernels);
+    cs row = cos[RD/2] | sin[RD/2] (RotaryEmbedding's cos_sin_cache layout)."""
+    j = tl.arange(0, RD)
+    HALF: tl.constexpr = RD // 2
+    if NEOX:
+        partner = (j + HALF) % RD
+        sgn = tl.where(j < HALF, -1.0, 1.0)
+        ci = j % HALF
+    else:
+        partner = j ^ 1
+        sgn = tl.where((j & 1) == 0, -1.0, 1.0)
+        ci = j // 2
+    x = tl.load(x_ptr + j)
+    xp = tl.load(x_ptr + partner)
+    c = tl.load(cs_ptr + pos * RD + ci)
+    s = tl.load(cs_ptr + pos * RD + HALF + ci)
+    return x * c + sgn * (xp * s)
+
+
+@triton.jit
+def hadamard(src_ptr, D: tl.constexpr, hscale):
+    """x[D] @ H_D * hscale, x read from memory one element a step (a [D, D] sign matrix would
+    spill, and a [16, D] chunk summed over its rows is a cross-warp reduction whose offsets
+    hold scalar registers on gfx950), Sylvester H[i, j] = (-1)^popcount(i & j), fp32."""
+    j = tl.arange(0, D)
+    acc = tl.zeros([D], tl.float32)
+    for i in range(0, D):
+        a = i & j
+        p = a ^ (a >> 16)
+        p = p ^ (p >> 8)
+        p = p ^ (p >> 4)
+        p = p ^ (p >> 2)
+        p = p ^ (p >> 1)
+        acc += tl.where((p & 1) == 0, 1.0, -1.0) * tl.load(src_ptr + i)
+    return acc * hscale

@@ -1,0 +1,43 @@
+"""Biased top-k routing of MoE experts (DeepSeek-V3 / GLM-5 style), every program the same bits.
+
+  biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR) -> (wmat [BM, E] fp32, used [E] 0/1):
+      router logits summed from KSR split-K partials lg [KSR, W, E] fp32 in slot order, fp32
+      sigmoid scores, top-TOPE of score + bias (ties to the lowest expert id), the selected
+      unbiased scores renormalised; wmat holds each row's weight per expert (0 unselected),
+      used marks the experts any real row selected. BM: W rounded up to a power of two.
+References: SGLang's biased_topk_impl (mono_glm53.reference.biased_topk).
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.stages.numerics import div_rn
+
+
+@triton.jit
+def biased_topk(lg_ptr, bias_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr,
+             TOPE: tl.constexpr, KSR: tl.constexpr):
+    # BM here is W rounded up to a power of two (a [16, 256] tile set would spill)
+    """biased_topk: fp32 sigmoid, top-TOPE of score + bias, renormalised unbiased scores.
+
+    Returns (wmat [BM, E]: each row's weight per expert, 0 when unselected; used [E] 0/1)."""
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    e = tl.arange(0, E)
+    lg = tl.zeros([BM, E], tl.float32)
+    for ks in range(KSR):
+        lg += tl.load(lg_ptr + ks * (W * E) + rows[:, None] * E + e[None, :], mask=rmask[:, None], other=0.0)
+    sc = tl.sigmoid(lg)
+    b = sc + tl.load(bias_ptr + e)[None, :]
+    sel = tl.zeros([BM, E], tl.int32)
+    for _k in range(TOPE):
+        bm = tl.where(sel == 0, b, -1e30)
+        mx = tl.max(bm, 1)
+        first = tl.min(tl.where(bm == mx[:, None], e[None, :], E), 1)
+        sel = tl.where(e[None, :] == first[:, None], 1, sel)
+    wsel = tl.where(sel != 0, sc, 0.0)
+    den = tl.sum(wsel, 1) + 1e-20
+    wmat = div_rn(wsel, den[:, None] + tl.zeros_like(wsel))
+    wmat = tl.where(rmask[:, None], wmat, 0.0)
+    used = tl.max(tl.where(rmask[:, None], sel, 0), 0)
+    return wmat, used

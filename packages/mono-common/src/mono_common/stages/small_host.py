@@ -1,0 +1,71 @@
+"""Host side of the small standalone stages: buffers and launches of `stages.entries`' entries.
+
+    topk = run_topk(scores [W, L] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
+    w, used = run_routing(logits [W, E], bias [E], top_k)             # [W, E] fp32, [E] int32
+    run_rmsnorm(x [W, D] fp32, weight [D] bf16, eps) / run_rope(x [W, RD] fp32, pos [W], cs, neox)
+    run_hadamard(x [W, D] fp32, scale)
+The radix top-k runs its six stages as six launches (what the layer's staged mode does; a fused
+layer links them by hand-offs). torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+
+def run_topk(scores, seqlen, k: int, nprog: int):
+    import torch
+
+    from mono_common.stages.entries import topk_entry
+    from mono_common.stages.topk import TKC, TKH_ROW
+
+    W, L = scores.shape
+    nck = -(-L // TKC.value)
+    tkh = torch.zeros(W, TKH_ROW.value, dtype=torch.int32, device=scores.device)
+    tkc = torch.zeros(W, nck, 2, dtype=torch.int32, device=scores.device)
+    topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
+    for stage in range(6):
+        topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, W=W, TOPK=k, STAGE=stage)
+    return topk
+
+
+def run_routing(logits, bias, top_k: int):
+    import torch
+
+    from mono_common.stages.entries import routing_entry
+
+    W, E = logits.shape
+    w = torch.zeros(W, E, dtype=torch.float32, device=logits.device)
+    used = torch.zeros(E, dtype=torch.int32, device=logits.device)
+    bm = 1 << max(0, (W - 1).bit_length())
+    routing_entry[(1,)](logits.float().contiguous(), bias.float().contiguous(), w, used, W=W, BM=bm, E=E,
+                        TOPE=top_k, KSR=1)
+    return w, used
+
+
+def run_rmsnorm(x, weight, eps: float):
+    import torch
+
+    from mono_common.stages.entries import rmsnorm_entry
+
+    out = torch.empty_like(x, dtype=torch.float32)
+    rmsnorm_entry[(x.shape[0],)](x.contiguous(), weight, out, eps, D=x.shape[1])
+    return out
+
+
+def run_rope(x, pos, cs, neox: bool):
+    import torch
+
+    from mono_common.stages.entries import rope_entry
+
+    out = torch.empty_like(x, dtype=torch.float32)
+    rope_entry[(x.shape[0],)](x.float().contiguous(), pos, cs, out, RD=x.shape[1], NEOX=neox)
+    return out
+
+
+def run_hadamard(x, scale: float):
+    import torch
+
+    from mono_common.stages.entries import hadamard_entry
+
+    out = torch.empty_like(x, dtype=torch.float32)
+    hadamard_entry[(x.shape[0],)](x.float().contiguous(), out, scale, D=x.shape[1])
+    return out

@@ -1,0 +1,142 @@
+"""Exact radix top-k over rows of fp32 scores, spread over every program of a persistent launch.
+
+Scores: [rows, stride_sc] fp32, row m's first n = seqlen[m] entries valid. Output: topk [rows,
+TOPK] int32 token indices: every key above the threshold in index order, then the ties in
+index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes 0..n-1 and
+-1 after. Keys are order-preserving integers of the scores (`okey`); four 8-bit radix passes
+(`topk_hist`, PASS 0..3) fill a row's four 256-bin histograms at tkh [rows, TKH_ROW] (zeroed
+before the first pass), every TKC-key chunk of every row a tile (integer atomics: any order,
+same sum); `topk_count` counts each chunk's keys above and equal to the threshold into tkc
+[rows, nck, 2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide
+hand-off separates the stages. Every program derives the threshold from the complete
+histograms itself (`tk_prefix`), so no stage publishes it.
+References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def okey(x):
+    """fp32 -> int64 in [0, 2^32) whose integer order is the float order."""
+    b = x.to(tl.int32, bitcast=True)
+    k = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return k.to(tl.int64) + 2147483648
+
+
+# Keys per chunk of the top-k stages: one 256-bin histogram of 256 keys a chunk (at 1024 keys a
+# histogram held too many of gfx950's SGPRs: one lane ballot per digit bit per key a thread holds)
+TKC = tl.constexpr(256)
+# A row's top-k histograms: one of 256 bins per 8-bit radix pass, four passes
+TKH_ROW = tl.constexpr(4 * 256)
+
+
+@triton.jit
+def tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
+    """The threshold's top PASSES digits (8 bits each, from the top), from the row's first
+    PASSES histograms at hb (every program derives the same value from the same complete
+    histograms). Per pass the digit is the largest whose suffix count (keys with that digit or
+    more among the prefix's keys) still reaches the keys left to place."""
+    dig = tl.arange(0, 256)
+    thr = tl.full([], 0, tl.int64)
+    need = tl.full([], TOPK, tl.int32)
+    for ps in tl.static_range(PASSES):
+        hist = tl.load(hb + ps * 256 + dig)
+        suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        b = tl.max(tl.where(suffix >= need, dig, 0), 0)
+        need -= tl.sum(tl.where(dig > b, hist, 0), 0)
+        thr = thr | (b.to(tl.int64) << (24 - 8 * ps))
+    return thr
+
+
+@triton.jit
+def tk_keys(scores_ptr, stride_sc, m, c0, n):
+    """Row m's order-preserving keys of chunk c0..c0+TKC and which of them are tokens (< n)."""
+    inb = c0 + tl.arange(0, TKC) < n
+    return inb, okey(tl.load(scores_ptr + m * stride_sc + c0 + tl.arange(0, TKC), mask=inb, other=0.0))
+
+
+@triton.jit
+def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
+                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS: tl.constexpr):
+    """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
+    of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
+    row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
+    if INDEXER:
+        dig = tl.arange(0, 256)  # the histogram's bins
+        shift: tl.constexpr = 24 - 8 * PASS
+        for t in range(pid, W * nck, nprog):
+            m = t // nck
+            c0 = (t % nck) * TKC
+            n = tl.load(seqlen_ptr + m)
+            if (n > TOPK) & (c0 < n):
+                hb = tkh_ptr + m * TKH_ROW
+                thr = tk_prefix(hb, TOPK, PASS)
+                inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
+                match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
+                d = ((key >> shift) & 255).to(tl.int32)
+                # no histogram mask on every Triton: count the others as digit 0 and take them
+                # off again
+                hist = tl.histogram(tl.where(match, d, 0), 256)
+                hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
+                tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
+
+
+@triton.jit
+def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+    """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
+    and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
+    if INDEXER:
+        for t in range(pid, W * nck, nprog):
+            m = t // nck
+            c0 = (t % nck) * TKC
+            n = tl.load(seqlen_ptr + m)
+            if (n > TOPK) & (c0 < n):
+                thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+                inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
+                tl.store(tkc_ptr + t * 2, tl.sum(((key > thr) & inb).to(tl.int32), 0))
+                tl.store(tkc_ptr + t * 2 + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
+
+
+@triton.jit
+def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+    """The row's top-TOPK token indices: every key above the threshold in index order, then the
+    ties in index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes
+    0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts."""
+    if INDEXER:
+        dig = tl.arange(0, TKC)
+        nw = tl.maximum(nck, (TOPK + TKC - 1) // TKC)
+        for t in range(pid, W * nw, nprog):
+            m = t // nw
+            c = t % nw
+            c0 = c * TKC
+            n = tl.load(seqlen_ptr + m)
+            if n <= TOPK:
+                tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
+                         mask=c0 + dig < TOPK)
+            elif c0 < n:
+                thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+                ncr = (n + TKC - 1) // TKC
+                gtb = tl.full([], 0, tl.int32)
+                eqb = tl.full([], 0, tl.int32)
+                gtt = tl.full([], 0, tl.int32)
+                for b0 in range(0, ncr, TKC):
+                    cc = b0 + dig
+                    cb = tkc_ptr + (m * nck + cc) * 2
+                    g = tl.load(cb, mask=cc < ncr, other=0)
+                    e = tl.load(cb + 1, mask=cc < ncr, other=0)
+                    gtb += tl.sum(tl.where(cc < c, g, 0), 0)
+                    eqb += tl.sum(tl.where(cc < c, e, 0), 0)
+                    gtt += tl.sum(g, 0)
+                inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
+                # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
+                # the row (the rows after it, or past the buffer)
+                si = ((key > thr) & inb).to(tl.int32)
+                slot = gtb + tl.cumsum(si, 0) - si
+                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
+                si = ((key == thr) & inb).to(tl.int32)
+                slot = gtt + eqb + tl.cumsum(si, 0) - si
+                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))

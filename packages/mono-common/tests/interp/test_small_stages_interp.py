@@ -1,0 +1,89 @@
+"""The library's small stages under the interpreter against their references: the radix top-k
+(mono_common.stages.topk), biased routing (stages.routing), RMSNorm (stages.norm), RoPE and the
+Hadamard rotation (stages.rope)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from mono_common.ref.norm import rms_norm  # noqa: E402
+from mono_common.ref.rope import apply_rope, hadamard_rotate, rope_cos_sin  # noqa: E402
+from mono_common.ref.routing import biased_topk  # noqa: E402
+from mono_common.stages import small_host as H  # noqa: E402
+
+
+@pytest.mark.parametrize("lens", [(700, 40, 300, 1), (256, 257, 512, 33)], ids=["long-short", "chunk-edges"])
+def test_radix_topk_selects_the_top_k_set(lens):
+    k = 128
+    g = torch.Generator().manual_seed(sum(lens))
+    L = max(lens)
+    scores = torch.randn(len(lens), L, generator=g)  # distinct values: the set is unique
+    seqlen = torch.tensor(lens, dtype=torch.int32)
+    got = H.run_topk(scores, seqlen, k, nprog=3)
+    for m, n in enumerate(lens):
+        row = got[m]
+        if n <= k:
+            want = list(range(n)) + [-1] * (k - n)
+            assert row.tolist() == want, m
+        else:
+            ref = set(torch.topk(scores[m, :n], k).indices.tolist())
+            assert set(row.tolist()) == ref, m
+            # the keys above the threshold (the k-th score) in index order, then its ties
+            vals = scores[m, row.long()]
+            above, ties = row[vals > vals.min()].tolist(), row[vals == vals.min()].tolist()
+            assert row.tolist() == sorted(above) + sorted(ties), m
+
+
+def test_radix_topk_ties_resolve_in_index_order():
+    k = 8
+    scores = torch.zeros(1, 300)
+    scores[0, 10] = 5.0
+    scores[0, 250] = 4.0  # the rest tie at 0.0: the lowest indices fill the remaining 6 slots
+    got = H.run_topk(scores, torch.tensor([300], dtype=torch.int32), k, nprog=2)
+    assert got[0].tolist() == [10, 250, 0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_biased_routing_matches_the_reference(rows):
+    E, top_k = 64, 8
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, E, generator=g)
+    bias = torch.randn(E, generator=g) * 0.1
+    w, used = H.run_routing(logits, bias, top_k)
+    rw, rid = biased_topk(logits, bias, top_k)
+    want = torch.zeros(rows, E)
+    want.scatter_(1, rid.long(), rw)
+    assert torch.allclose(w, want, rtol=1e-6, atol=0), (w - want).abs().max()
+    assert used.tolist() == (want > 0).any(0).int().tolist()
+
+
+def test_rmsnorm_matches_the_reference():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
+    w = (torch.rand(256, generator=g) + 0.5).to(torch.bfloat16)
+    got = H.run_rmsnorm(x.float(), w, 1e-5)
+    want = rms_norm(x, w, 1e-5).float()
+    # one fp32 summation order against another: at most one bf16 rounding step apart
+    assert ((got - want).abs() <= want.abs() * 2 ** -7).all()
+    assert (got == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_matches_the_reference(neox):
+    rd = 64
+    g = torch.Generator().manual_seed(int(neox))
+    x = torch.randn(4, rd, generator=g)
+    pos = torch.tensor([0, 1, 17, 4095])
+    cos, sin = rope_cos_sin(torch.arange(4096), rd, 10000.0)
+    cs = torch.cat([cos, sin], dim=-1).contiguous()
+    got = H.run_rope(x, pos, cs, neox)
+    want = apply_rope(x, cos[pos], sin[pos], interleaved=not neox)
+    assert torch.allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_hadamard_matches_the_reference():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(2, 128, generator=g)
+    got = H.run_hadamard(x, 128 ** -0.5)
+    assert torch.allclose(got, hadamard_rotate(x), rtol=1e-5, atol=1e-5)
