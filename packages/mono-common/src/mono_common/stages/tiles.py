@@ -6,6 +6,7 @@
 """
 
 import triton
+import triton.language as tl  # noqa: F401 (the interpreter needs it in a jit function's globals)
 
 
 @triton.jit
