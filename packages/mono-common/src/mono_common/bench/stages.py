@@ -41,7 +41,7 @@ def bench_gemv(torch, dev, nprog, ceiling, shapes, rows_list, variants, replays,
     from mono_common.graph_timing import graph_median_us
     from mono_common.ref.fp8 import per_token_group_quant
     from mono_common.ref.gemv import block_fp8_gemv
-    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv, run_gemv
+    from mono_common.stages.gemv_host import alloc_out, launch_gemv, run_gemv
 
     gen = torch.Generator(device=dev).manual_seed(0)
     res = []
@@ -56,9 +56,7 @@ def bench_gemv(torch, dev, nprog, ceiling, shapes, rows_list, variants, replays,
             # the reference on the CPU (fp64): a CUDA-side reference is not what is being checked
             ref = block_fp8_gemv(x.cpu(), w[0].cpu(), s[0].cpu()).double() if check else None
             for name in variants:
-                kw = dict(GEMV_VARIANTS[name])
-                xq = kw.pop("xq", False)
-                plan = GemvPlan.make(n, k, rows, _programs(nprog, kw), **kw)
+                plan, xq = variant_plan(name, n, k, rows, nprog)
                 t0 = time.time()
                 row = dict(stage="gemv_fp8", shape=f"{n}x{k}", rows=rows, variant=name, nprog=nprog,
                            BN=plan.BN, KS=plan.KS, PER=plan.PER, span=plan.span, pre=plan.pre,
@@ -93,9 +91,15 @@ def bench_gemv(torch, dev, nprog, ceiling, shapes, rows_list, variants, replays,
     return res
 
 
-def _programs(nprog, kw):
-    """The grid of a variant: 2 programs per SM at 4 warps, 1 at 8 (255 registers a thread)."""
-    return nprog // 2 if kw.get("num_warps", 4) == 8 else nprog
+def variant_plan(name: str, n: int, k: int, rows: int, nprog: int):
+    """(GemvPlan, whether x comes pre-quantised) of GEMV_VARIANTS[name]. The grid: `nprog`
+    (2 programs per SM) at 4 warps, half at 8 (255 registers a thread fit once per SM)."""
+    from mono_common.stages.gemv_host import GemvPlan
+
+    kw = dict(GEMV_VARIANTS[name])
+    xq = kw.pop("xq", False)
+    grid = nprog // 2 if kw.get("num_warps", 4) == 8 else nprog
+    return GemvPlan.make(n, k, rows, grid, **kw), xq
 
 
 def _warm_one(job):
@@ -103,12 +107,10 @@ def _warm_one(job):
     disk cache then serves the timing process)."""
     import torch
 
-    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
+    from mono_common.stages.gemv_host import alloc_out, launch_gemv
 
     n, k, rows, name, nprog = job
-    kw = dict(GEMV_VARIANTS[name])
-    xq = kw.pop("xq", False)
-    plan = GemvPlan.make(n, k, rows, _programs(nprog, kw), **kw)
+    plan, xq = variant_plan(name, n, k, rows, nprog)
     w = torch.zeros((1, n, k), dtype=torch.uint8, device="cuda")
     s = torch.ones((1, -(-n // 128), k // 128), device="cuda")
     x = torch.zeros((rows, k), dtype=torch.bfloat16, device="cuda")

@@ -18,6 +18,7 @@ The small entries run one row a program (grid = rows): what the layer calls per 
 import triton
 import triton.language as tl
 
+from mono_common.device.guard import poll, signal
 from mono_common.stages.gemv import gemv_span, gemv_tile
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.rope import hadamard, rope_apply
@@ -27,15 +28,14 @@ from mono_common.stages.topk import topk_count, topk_hist, topk_write
 
 @triton.jit
 def grid_handoff(bar_ptr, target):
-    """Every program arrives (release), then waits until `target` arrivals (acquire). bar_ptr
-    holds 2 int32 words (counter, spare zero): the poll is a 2-lane atomic, never single-lane.
-    Bench-only: no deadline (the layer kernels use mono_common.device.guard)."""
-    tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
+    """Every program arrives (`guard.signal`, release), then polls until `target` arrivals
+    (`guard.poll`, acquire). bar_ptr holds 2 int32 words (counter, spare zero): the poll is a
+    2-lane atomic, never single-lane. Bench-only: no deadline (layers use `guard.wait_ge`)."""
+    signal(bar_ptr, 1, False)
     lanes = bar_ptr + tl.arange(0, 2)
-    v = tl.max(tl.atomic_add(lanes, tl.zeros([2], tl.int32), sem="acquire", scope="gpu"), 0)
+    v = tl.max(poll(lanes, False), 0)
     while v < target:
-        v = tl.max(tl.atomic_add(lanes, tl.zeros([2], tl.int32), sem="acquire", scope="gpu"), 0)
+        v = tl.max(poll(lanes, False), 0)
     tl.debug_barrier()
 
 

@@ -165,6 +165,34 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
         i = nt * NKB + kb1
 
 
+KS_RULES = ("first", "balanced")
+
+
+def pick_split_k(ntiles: int, kblocks: int, target: int, cap: int = 16, rule: str = "first") -> int:
+    """The split-K factor (a divisor of the K blocks, at most cap) of a GEMV of `ntiles`
+    column tiles on `target` programs (host-side). "first": the smallest giving >= target
+    tiles. "balanced": the one whose busiest program runs the fewest K blocks (ceil(tiles /
+    target) tiles of kblocks / ks blocks each), the fewest tiles among equals (fewer partials)."""
+    if rule not in KS_RULES:
+        raise ValueError(f"split-K rule {rule!r} is not one of {KS_RULES}")
+    divisors = [ks for ks in range(1, min(kblocks, cap) + 1) if kblocks % ks == 0]
+    if rule == "balanced":
+        return min(divisors, key=lambda ks: (-(-ntiles * ks // max(1, target)) * (kblocks // ks), ks))
+    best = 1
+    for ks in divisors:
+        best = ks
+        if ntiles * ks >= target:
+            break
+    return best
+
+
+def span_per(N: int, K: int, BN: int, BLK: int, nprog: int) -> int:
+    """`gemv_span`'s PER (host-side): the (column tile, K block) items of an [N, K] GEMV in
+    BN-column tiles, cut into one equal span per program."""
+    items = -(-N // BN) * (K // BLK)
+    return -(-items // nprog)
+
+
 def span_slots(K: int, BLK: int, PER: int) -> int:
     """Partial slots a column tile can receive under `gemv_span`: the spans one tile of K // BLK
     items can touch (host-side, for sizing the partial buffer)."""

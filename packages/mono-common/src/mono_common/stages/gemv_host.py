@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mono_common.stages.gemv import span_slots
+from mono_common.stages.gemv import pick_split_k, span_per, span_slots
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -38,7 +38,7 @@ class GemvPlan:
 
     @property
     def BM(self) -> int:
-        # the MMA's N side (swap-AB) takes 8 rows on sm_90 wgmma, 16 for the x @ w^T form
+        # rows padded to a power of two of at least 16, the smallest tl.dot side of both forms
         return max(16, 1 << (self.W - 1).bit_length())
 
     @property
@@ -53,12 +53,10 @@ class GemvPlan:
         if bn % 16 or bn > 2 * blk:
             raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
         nkb = K // blk
-        items = _cdiv(N, bn) * nkb
         if span:
-            return GemvPlan(N, K, W, nprog, bn, blk, True, 1, _cdiv(items, nprog), pre, num_warps, dot)
+            return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot)
         if ks is None:
-            divisors = [d for d in range(1, nkb + 1) if nkb % d == 0]
-            ks = next((d for d in divisors if _cdiv(N, bn) * d >= nprog), nkb)
+            ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
             raise ValueError(f"split-K {ks} does not divide the {nkb} K blocks")
         return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot)

@@ -44,7 +44,8 @@ import struct
 
 import torch
 
-from mono_common.stages.gemv import span_slots
+from mono_common.stages.gemv import pick_split_k as _pick_ks
+from mono_common.stages.gemv import span_per, span_slots
 from mono_common.triton_knobs import amd_buffer_ops
 from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
@@ -116,28 +117,9 @@ class Plan:
         return dataclasses.asdict(self)
 
 
-KS_RULES = ("first", "balanced")
 BNS = 128
 # The MMA form of the stream-K GEMVs: swap-AB with both operands e4m3 (mono_common.stages.gemv)
 DOT_WX_FP8 = 2
-
-
-def _pick_ks(ntiles: int, kblocks: int, target: int, cap: int = 16, rule: str = "first") -> int:
-    """The split-K factor (a divisor of the K blocks, at most cap) of a GEMV of `ntiles`
-    column tiles on `target` programs. "first": the smallest giving >= target tiles.
-    "balanced": the one whose busiest program runs the fewest K blocks (ceil(tiles / target)
-    tiles of kblocks / ks blocks each), the fewest tiles among equals (fewer partials to sum)."""
-    if rule not in KS_RULES:
-        raise ValueError(f"split-K rule {rule!r} is not one of {KS_RULES}")
-    divisors = [ks for ks in range(1, min(kblocks, cap) + 1) if kblocks % ks == 0]
-    if rule == "balanced":
-        return min(divisors, key=lambda ks: (-(-ntiles * ks // max(1, target)) * (kblocks // ks), ks))
-    best = 1
-    for ks in divisors:
-        best = ks
-        if ntiles * ks >= target:
-            break
-    return best
 
 
 def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: str = "first") -> Plan:
@@ -158,10 +140,10 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     # (column tile, K block) items), the partials of a column land in KS* slots. On the H200
     # (mono bench stages, session 10) the [2624 x 6144] GEMV took 23.5 us as 64-column split-K
     # tiles with bf16 MMAs and 10.2 us as 128-column spans on e4m3 MMAs (swap-AB).
-    per1 = _cdiv(_cdiv(nqkv, BNS) * hb, nprog)
-    per3 = _cdiv(_cdiv(nqb, BNS) * (s.q_lora // blk), nprog)
-    perq = _cdiv(_cdiv(niq, BNS) * (s.q_lora // blk), nprog)
-    per9 = _cdiv(_cdiv(s.hidden, BNS) * ((nh * s.v_head) // blk), nprog)
+    per1 = span_per(nqkv, s.hidden, BNS, blk, nprog)
+    per3 = span_per(nqb, s.q_lora, BNS, blk, nprog)
+    perq = span_per(niq, s.q_lora, BNS, blk, nprog)
+    per9 = span_per(s.hidden, nh * s.v_head, BNS, blk, nprog)
     ks1 = span_slots(s.hidden, blk, per1)
     ks3 = span_slots(s.q_lora, blk, per3)
     ksq = span_slots(s.q_lora, blk, perq)
