@@ -38,6 +38,7 @@ from sglang.kernels.plugin_kernels.amd.spec import (
 )
 
 from mono_common.sglang_compat import MONOKERNEL_API_VERSION
+from mono_common.widths import merge_widths_by_tp
 from mono_glm53_flash import ARCHITECTURE
 from mono_glm53_flash import refusals as _r
 
@@ -72,15 +73,6 @@ DEVICES = {
     isa: DeviceLimits(widths=WIDTHS, tp_sizes=tuple(sorted(WIDTHS_BY_TP[isa])), resident_blocks=RESIDENT_BLOCKS[isa])
     for isa in ("gfx950", "sm_90")
 }
-
-
-def widths_by_tp_all() -> dict[int, tuple[int, ...]]:
-    """TP size -> widths, merged over ISAs (the launcher's refusals do not know the ISA)."""
-    merged: dict[int, set[int]] = {}
-    for table in WIDTHS_BY_TP.values():
-        for tp, widths in table.items():
-            merged.setdefault(tp, set()).update(widths)
-    return {tp: tuple(sorted(w)) for tp, w in merged.items()}
 
 
 #: HF config values the kernel is compiled for (refusals.HF_CONFIG), checked by
@@ -129,7 +121,7 @@ NUMERICS = Numerics(
 
 def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """Before load, in the launcher: every reason this server is refused, at once."""
-    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all())
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=merge_widths_by_tp(WIDTHS_BY_TP))
 
 
 def _rank_facts() -> tuple[int, str | None]:

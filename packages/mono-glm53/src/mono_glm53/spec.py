@@ -36,6 +36,7 @@ from sglang.kernels.plugin_kernels.amd.spec import (
 )
 
 from mono_common.sglang_compat import MONOKERNEL_API_VERSION
+from mono_common.widths import merge_widths_by_tp
 from mono_glm53 import ARCHITECTURE
 from mono_glm53 import refusals as _r
 
@@ -94,16 +95,6 @@ DEVICES = {
     )
     for isa in ("gfx950", "sm_90")
 }
-
-
-def widths_by_tp_all() -> dict[int, tuple[int, ...]]:
-    """TP size -> widths, merged over ISAs (the launcher's refusals do not know the ISA's
-    TP list beyond what the binding checks itself)."""
-    merged: dict[int, set[int]] = {}
-    for table in WIDTHS_BY_TP.values():
-        for tp, widths in table.items():
-            merged.setdefault(tp, set()).update(widths)
-    return {tp: tuple(sorted(w)) for tp, w in merged.items()}
 
 
 #: HF config values the kernel is compiled for (exact; SGLang reads them with getattr).
@@ -191,7 +182,7 @@ NUMERICS = Numerics(
 
 def config_disable_reasons(cfg: Any, hf_config: Any) -> list[str]:
     """Before load, in the launcher: every reason this server is refused, at once."""
-    return _r.config_reasons(cfg, hf_config, widths_by_tp=widths_by_tp_all(), hf_values=HF_CONFIG)
+    return _r.config_reasons(cfg, hf_config, widths_by_tp=merge_widths_by_tp(WIDTHS_BY_TP), hf_values=HF_CONFIG)
 
 
 def model_disable_reasons(model: Any, hf_config: Any, copies: dict) -> list[str]:

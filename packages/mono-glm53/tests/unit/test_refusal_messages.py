@@ -21,6 +21,7 @@ from sglang.srt.kernel_plugins.amd import binding
 from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig, PhaseConfig
 
 from mono_common.serving import server_config
+from mono_common.widths import merge_widths_by_tp
 from mono_glm53 import ARCHITECTURE, refusals, serving
 from mono_glm53 import spec as glm_spec
 from mono_glm53.plugin import SPEC_PATH
@@ -247,7 +248,7 @@ def test_a_check_that_breaks_on_a_value_becomes_a_reason():
         def __getattr__(self, name):
             raise RuntimeError(f"config attribute {name} is unreadable")
 
-    found = refusals.config_reasons(cfg(), Exploding(), widths_by_tp=glm_spec.widths_by_tp_all(),
+    found = refusals.config_reasons(cfg(), Exploding(), widths_by_tp=merge_widths_by_tp(glm_spec.WIDTHS_BY_TP),
                                     hf_values=glm_spec.HF_CONFIG)
     assert found and all("could not be checked" in r for r in found), found
     assert all("serve GLM-5.3's config.json unchanged" in r for r in found)
