@@ -63,3 +63,45 @@ def test_small_entries_compile_without_spills(target, name, entry, sig, variants
         record_property("resources", f"{name} {ce}: {cc.format_resources(res)}")
         assert res.spills == 0, cc.format_resources(res)
         assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
+# The linked entries (stages.linked_entries) at the sizes `mono bench stages` runs them: the
+# top-k over 200000 keys, sparse MLA of one TP8 rank (8 heads, latent 512 + rope 64) over 2048
+# tokens in 64-token chunks as the layer tiles it, partials alone and linked with the combine.
+TOPK_LINKED_SIG = {"scores_ptr": "*fp32", "seqlen_ptr": "*i32", "tkh_ptr": "*i32", "tkc_ptr": "*i32",
+                   "topk_ptr": "*i32", "bar_ptr": "*i32", "L": "i32"}
+MLA_SIG = {"qabs_ptr": "*fp32", "kv_ptr": "*bf16", "topk_ptr": "*i32", "req_ptr": "*i64", "rtt_ptr": "*i32",
+           "part_ptr": "*fp32", "ml_ptr": "*fp32", "attn_ptr": "*bf16", "bar_ptr": "*i32", "sm_scale": "fp32",
+           "L": "i32"}
+
+
+def _mla(w, ct, mode):
+    return dict(W=w, NH=8, KVL=512, RD=64, TOPK=2048, CT=ct, HG=16, MODE=mode, stride_rtt=4096,
+                kv_lstride=w * 4096 * 576)
+
+
+LINKED = [
+    ("handoff", "handoff_entry", {"bar_ptr": "*i32", "N": "i32"}, [{}], ("sm_90", "gfx950")),
+    ("topk", "topk_linked_entry", TOPK_LINKED_SIG,
+     [dict(W=w, TOPK=2048, stride_sc=200000, nck=782, sc_lstride=w * 200000) for w in (1, 8)], ("sm_90", "gfx950")),
+    ("mla", "mla_entry", MLA_SIG, [_mla(w, 64, m) for w in (1, 8) for m in (0, 2)], ("sm_90", "gfx950")),
+    # the bench's 16-token chunks (four times the tiles at one row): the combine unrolled over 128
+    # chunks beside the partials holds more than gfx950's 106 SGPRs (5 spilled), so sm_90 only
+    ("mla-ct16", "mla_entry", MLA_SIG, [_mla(1, 16, m) for m in (0, 2)], ("sm_90",)),
+]
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("name,entry,sig,variants,targets", LINKED, ids=[c[0] for c in LINKED])
+def test_linked_entries_compile_without_spills(target, name, entry, sig, variants, targets, record_property):
+    from mono_common.stages import linked_entries
+
+    if target not in targets:
+        pytest.skip(f"{name} is a benchmark variant for {', '.join(targets)} only")
+    for ce in variants:
+        res = cc.compile_kernel(getattr(linked_entries, entry), sig, ce, target, num_warps=4, pointer_align=16,
+                                num_stages=STAGES[target], amd_buffer_ops=False)
+        record_property("resources", f"{name} {ce}: {cc.format_resources(res)}")
+        assert res.spills == 0, cc.format_resources(res)
+        # every program of a linked launch must be resident at once
+        assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)

@@ -1,0 +1,83 @@
+"""Standalone entries whose stages are linked by grid hand-offs inside one launch, as a layer
+links them: what a multi-stage library stage costs with its hand-offs, and a hand-off alone.
+
+  topk_linked_entry  the six stages of `stages.topk` (four radix passes, count, write) with a
+      hand-off after each, over L score sets (set l at scores + l * sc_lstride, [W, stride_sc]
+      fp32); set l's histograms are the tkh slice l % 2 ([2, W, TKH_ROW] int32), and set l zeroes
+      the other slice for set l + 1, so tkh needs zeroing once at allocation (L even keeps it
+      zero across graph replays); the result of every set lands in topk [W, TOPK]
+  mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
+      combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
+      hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
+  handoff_entry      N back-to-back grid hand-offs with no work between them
+
+bar_ptr: 2 int32 words (counter, spare zero), zero at launch; every hand-off a launch makes
+raises the counter by the grid, so a launch's targets are multiples of the grid. A linked
+launch needs every program resident (launch it cooperative). Used by the interpreter tests
+(one program: a hand-off between programs that the interpreter runs one after another would
+never complete) and by `mono bench stages`.
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.stages.entries import grid_handoff
+from mono_common.stages.mla import mla_combine, mla_partial
+from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_write
+
+
+@triton.jit
+def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
+                      nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr):
+    # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    zrow = tl.zeros([TKH_ROW], tl.int32)
+    sl = scores_ptr
+    for li in range(L):
+        hb = tkh_ptr + (li % 2) * (W * TKH_ROW)
+        # the other slice was last read by set li - 1, whose reads ended before this set's first
+        # hand-off; set li + 1 reads it after this set's last
+        nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
+        for r in range(pid, W, nprog):
+            tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
+        base = li * 6
+        for ps in tl.static_range(4):
+            topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, ps)
+            grid_handoff(bar_ptr, (base + ps + 1) * nprog)
+        topk_count(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, nck, W, TOPK, True)
+        grid_handoff(bar_ptr, (base + 5) * nprog)
+        topk_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, topk_ptr, nck, W, TOPK, True)
+        grid_handoff(bar_ptr, (base + 6) * nprog)
+        sl += sc_lstride
+
+
+@triton.jit
+def mla_entry(qabs_ptr, kv_ptr, topk_ptr, req_ptr, rtt_ptr, part_ptr, ml_ptr, attn_ptr, bar_ptr, sm_scale, L,
+              stride_rtt: tl.constexpr, kv_lstride: tl.constexpr, W: tl.constexpr, NH: tl.constexpr,
+              KVL: tl.constexpr, RD: tl.constexpr, TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr,
+              MODE: tl.constexpr):
+    # strides are constexprs for the SGPRs, as above (CT = 64 fits gfx950's 106 with both stages
+    # and the hand-offs; smaller chunks unroll the combine further and spill there)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    kl = kv_ptr
+    for li in range(L):
+        if MODE != 1:
+            mla_partial(pid, nprog, qabs_ptr, kl, topk_ptr, req_ptr, rtt_ptr, stride_rtt, part_ptr, ml_ptr, sm_scale,
+                        W, NH, KVL, RD, TOPK, CT, HG)
+        if MODE == 2:
+            grid_handoff(bar_ptr, (2 * li + 1) * nprog)
+        if MODE != 0:
+            mla_combine(pid, nprog, part_ptr, ml_ptr, attn_ptr, W, NH, KVL, TOPK, CT)
+        if MODE == 2:
+            # the next set's partials overwrite what this combine reads
+            grid_handoff(bar_ptr, (2 * li + 2) * nprog)
+        kl += kv_lstride
+
+
+@triton.jit
+def handoff_entry(bar_ptr, N):
+    nprog = tl.num_programs(0)
+    for i in range(N):
+        grid_handoff(bar_ptr, (i + 1) * nprog)

@@ -1,0 +1,135 @@
+"""Host side of `stages.linked_entries`: buffers and launches.
+
+    topk = run_topk_linked(scores [W, n] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
+    attn = run_mla(MlaPlan(W, NH, KVL, RD, TOPK), qabs, kv [S, KVL + RD] bf16, topk, req, rtt,
+                   sm_scale, nprog, linked=False)                             # [W, NH, KVL] bf16
+    launch_handoffs(bar, n, nprog)
+For timing, `topk_buffers` / `launch_topk_linked` and `mla_buffers` / `launch_mla` take L sets
+([L, W, n] scores, [L, S, D] caches) with buffers made once. A launch that hands off zeroes its
+hand-off counter first (a memset before the kernel, captured with it in a graph) and is
+cooperative on CUDA: it then fails to launch when the grid cannot be resident instead of
+spinning forever. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def _coop(device) -> dict:
+    return dict(launch_cooperative_grid=True) if device.type == "cuda" else {}
+
+
+@dataclasses.dataclass
+class TopkBuffers:
+    tkh: object  # [2, W, TKH_ROW] int32, zero at allocation (the launch keeps it zero)
+    tkc: object  # [W, nck, 2] int32
+    topk: object  # [W, k] int32
+    bar: object  # [2] int32
+    nck: int
+
+
+def topk_buffers(rows: int, n: int, k: int, device) -> TopkBuffers:
+    import torch
+
+    from mono_common.stages.topk import TKC, TKH_ROW
+
+    nck = -(-n // TKC.value)
+    z = dict(dtype=torch.int32, device=device)
+    return TopkBuffers(torch.zeros(2, rows, TKH_ROW.value, **z), torch.zeros(rows, nck, 2, **z),
+                       torch.full((rows, k), -1, **z), torch.zeros(2, **z), nck)
+
+
+def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int):
+    """One launch over the L = scores.shape[0] score sets [L, W, >= n]; bufs.topk ends as the
+    last set's top-k. An odd L leaves one tkh slice dirty: the next launch on bufs would read it."""
+    from mono_common.stages.linked_entries import topk_linked_entry
+
+    L, W, _ = scores.shape
+    if scores.stride(2) != 1 or tuple(bufs.topk.shape) != (W, bufs.topk.shape[1]):
+        raise ValueError(f"scores {tuple(scores.shape)} do not match the buffers of {tuple(bufs.topk.shape)}")
+    bufs.bar.zero_()
+    topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkc, bufs.topk, bufs.bar, L,
+                                stride_sc=scores.stride(1), nck=bufs.nck, sc_lstride=scores.stride(0), W=W,
+                                TOPK=bufs.topk.shape[1], **_coop(scores.device))
+    return bufs.topk
+
+
+def run_topk_linked(scores, seqlen, k: int, nprog: int):
+    """[W, k] int32: the top-k of scores [W, n] as one launch of the six linked stages."""
+    bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device)
+    return launch_topk_linked(scores[None], seqlen, bufs, nprog).clone()
+
+
+@dataclasses.dataclass(frozen=True)
+class MlaPlan:
+    """Sparse MLA of W rows, NH heads, latent KVL + rope RD, TOPK selected tokens, CT tokens a
+    chunk, HG heads a tile (the layer: CT = 64, HG = 16)."""
+
+    W: int
+    NH: int
+    KVL: int = 512
+    RD: int = 64
+    TOPK: int = 2048
+    CT: int = 64
+    HG: int = 16
+    num_warps: int = 4
+
+    @property
+    def nch(self) -> int:
+        return self.TOPK // self.CT
+
+
+def mla_buffers(plan: MlaPlan, device) -> dict:
+    import torch
+
+    f32 = dict(dtype=torch.float32, device=device)
+    return dict(part=torch.empty(plan.W, plan.NH, plan.nch, plan.KVL, **f32),
+                ml=torch.empty(plan.W, plan.NH, plan.nch, 2, **f32),
+                attn=torch.empty(plan.W, plan.NH, plan.KVL, dtype=torch.bfloat16, device=device),
+                bar=torch.zeros(2, dtype=torch.int32, device=device))
+
+
+MLA_PARTIAL, MLA_COMBINE, MLA_LINKED = 0, 1, 2
+
+
+def launch_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, bufs: dict, nprog: int, mode: int):
+    """One launch (`linked_entries.mla_entry`, MODE = mode) over the L = kv.shape[0] latent
+    caches [L, S, KVL + RD] bf16. qabs [W, NH, KVL + RD] fp32, topk [W, TOPK] int32 logical
+    positions (-1 none), req [W] int64, rtt [reqs, stride] int32 (req_to_token)."""
+    from mono_common.stages.linked_entries import mla_entry
+
+    p = plan
+    if p.TOPK % p.CT or qabs.shape != (p.W, p.NH, p.KVL + p.RD) or kv.shape[2] != p.KVL + p.RD:
+        raise ValueError(f"qabs {tuple(qabs.shape)} / kv {tuple(kv.shape)} do not match {p}")
+    if tuple(topk.shape) != (p.W, p.TOPK):
+        raise ValueError(f"topk {tuple(topk.shape)} is not [{p.W}, {p.TOPK}]")
+    linked = mode == MLA_LINKED
+    if linked:
+        bufs["bar"].zero_()
+    mla_entry[(nprog,)](qabs, kv, topk, req, rtt, bufs["part"], bufs["ml"], bufs["attn"], bufs["bar"], sm_scale,
+                        kv.shape[0], stride_rtt=rtt.stride(0), kv_lstride=kv.stride(0), W=p.W, NH=p.NH, KVL=p.KVL,
+                        RD=p.RD, TOPK=p.TOPK, CT=p.CT, HG=p.HG, MODE=mode, num_warps=p.num_warps,
+                        **(_coop(qabs.device) if linked else {}))
+    return bufs["attn"]
+
+
+def run_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, nprog: int, linked: bool = False):
+    """attn [W, NH, KVL] bf16 over one cache kv [S, KVL + RD]: staged (partials, then the
+    combine, one launch each) or linked (one launch with the hand-offs)."""
+    bufs = mla_buffers(plan, qabs.device)
+    if linked:
+        launch_mla(plan, qabs, kv[None], topk, req, rtt, sm_scale, bufs, nprog, MLA_LINKED)
+    else:
+        for mode in (MLA_PARTIAL, MLA_COMBINE):
+            launch_mla(plan, qabs, kv[None], topk, req, rtt, sm_scale, bufs, nprog, mode)
+    return bufs["attn"].clone()
+
+
+def launch_handoffs(bar, n: int, nprog: int):
+    """One launch of n back-to-back grid hand-offs over nprog programs."""
+    from mono_common.stages.linked_entries import handoff_entry
+
+    bar.zero_()
+    handoff_entry[(nprog,)](bar, n, **_coop(bar.device))
+    return bar

@@ -1,0 +1,129 @@
+"""`mono bench stages` on the CPU: its arguments, the plan of cases they make, the input sets
+that rotate past the L2, the rows it prints and the expert stage's hook (no GPU, no kernel)."""
+
+import sys
+import types
+
+import pytest
+
+from mono_common.bench import stages as B
+
+L2 = 60 << 20
+
+
+def plan(*argv, nprog=264):
+    return B.make_plan(B.parse_args(list(argv)), nprog)
+
+
+def test_the_default_plan_runs_every_stage_at_glm53_shapes():
+    jobs = plan()
+    by = {s: [j for j in jobs if j.stage == s] for s in B.STAGES}
+    assert len(by["gemv"]) == len(B.GEMV_SHAPES) * 3 * len(B.GEMV_VARIANTS)
+    assert {(j.shape, j.rows) for j in by["topk"]} == {((n, 2048), r) for n in (4096, 65536, 200000) for r in (1, 8)}
+    assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16")}
+    heads, latent, rope, selected, ctx, page = B.MLA_SHAPE
+    assert (heads, latent, rope, selected, page) == (64 // 8, 512, 64, 2048, 64) and ctx > selected
+    # 2 and 1 programs per SM, 1000 hand-offs a launch
+    assert [(j.nprog, j.shape) for j in by["handoff"]] == [(264, (1000,)), (132, (1000,))]
+    assert by["expert"] == []  # its module times it, after the planned cases
+    assert [j.stage for j in jobs] == sorted((j.stage for j in jobs), key=["gemv", "topk", "mla", "handoff"].index)
+
+
+def test_a_subset_of_stages_rows_and_keys():
+    jobs = plan("--stages", "topk,handoff", "--rows", "8", "--keys", "4096", "--handoffs", "50", nprog=100)
+    assert [(j.stage, j.shape, j.rows, j.nprog) for j in jobs] == [
+        ("topk", (4096, 2048), 8, 100), ("handoff", (50,), None, 100), ("handoff", (50,), None, 50)]
+    jobs = plan("--stages", "gemv,mla", "--shapes", "2048x2048", "--variants", "s128f", "--rows", "2",
+                "--mla-variants", "ct64")
+    assert [(j.stage, j.shape, j.rows, j.variant) for j in jobs] == [
+        ("gemv", (2048, 2048), 2, "s128f"), ("mla", B.MLA_SHAPE, 2, "ct64")]
+    assert plan("--stages", "expert") == []
+
+
+@pytest.mark.parametrize("argv", [["--stages", "gemv,bogus"], ["--rows", "1,x"], ["--rows", "0"],
+                                  ["--shapes", "2048"], ["--variants", "nope"], ["--mla-variants", "ct8"],
+                                  ["--handoffs", "0"], ["--stages", ""]])
+def test_bad_arguments_exit_2_with_a_reason(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        B.parse_args(argv)
+    assert e.value.code == 2
+    assert "error: argument" in capsys.readouterr().err
+
+
+def test_sets_rotate_past_3x_the_l2_where_the_bytes_matter():
+    for job in plan():
+        if job.stage == "gemv":
+            n, k = job.shape
+            set_bytes = n * k
+        elif job.stage == "topk":
+            set_bytes = job.rows * job.shape[0] * 4
+        elif job.stage == "mla":
+            heads, latent, rope, selected, _, _ = job.shape
+            set_bytes = job.rows * selected * (latent + rope) * 2
+        else:
+            continue
+        sets = B.sets_for(set_bytes, even=job.stage == "topk")
+        assert 4 <= sets <= B.MAX_SETS + 1
+        if job.stage == "topk":
+            assert sets % 2 == 0  # its sets zero each other's histograms in turn
+        # a set of a few kB is latency-bound: capped, it may stay in the L2 (rows say so)
+        if set_bytes * B.MAX_SETS >= B.ROTATE_BYTES:
+            assert sets * set_bytes > 3 * L2, job
+
+
+def test_rows_print_time_floor_and_check():
+    gemv = dict(stage="gemv_fp8", shape="2624x6144", rows=1, variant="s128f", BN=128, KS=1, PER=4, us_bar=9.0,
+                frac_bar=0.4, us_nobar=7.5, frac_nobar=0.5, floor_us=3.6, rel_err=1e-4, seconds=1.0)
+    line = B.format_row(gemv)
+    assert "9.00 us" in line and "40.0 %" in line and "no hand-off" in line and "floor 3.60 us" in line
+    topk = dict(stage="topk", shape="2048of200000", rows=8, variant="radix", us_bar=30.0, frac_bar=0.05,
+                floor_us=1.5, check="exact")
+    assert "exact" in B.format_row(topk) and "no hand-off" not in B.format_row(topk)
+    hand = dict(stage="handoff", shape="1000x", rows=None, variant="grid264", nprog=264, handoffs=1000,
+                us_bar=1.2, us_launch=3.0, target_us=1.0, meets_target=False)
+    assert "1.200 us a hand-off" in B.format_row(hand) and "NOT met" in B.format_row(hand)
+    failed = dict(stage="mla", shape="2048tok8h", rows=1, variant="ct16", error="OutOfResources: shared")
+    assert "FAILED: OutOfResources" in B.format_row(failed)
+    lines = B.summary([gemv, dict(gemv, variant="k64", us_bar=20.0, frac_bar=0.18), topk, hand, failed])
+    assert any("gemv_fp8" in ln and "s128f" in ln and "9.00 us" in ln for ln in lines)
+    assert any("264 programs: 1.200 us (misses" in ln for ln in lines)
+    assert any("1 row(s) with an error" in ln for ln in lines)
+
+
+def test_the_expert_stage_is_its_modules(monkeypatch):
+    seen = {}
+
+    def bench_expert(torch, dev, nprog, ceiling, replays):
+        seen.update(nprog=nprog, ceiling=ceiling, replays=replays)
+        return [dict(stage="expert", shape="9x2048x6144", rows=1, variant="slots", us_bar=40.0, frac_bar=0.7)]
+
+    fake = types.ModuleType("mono_common.bench.expert")
+    fake.bench_expert = bench_expert
+    fake.warm_expert = lambda nprog, workers: seen.update(warm=(nprog, workers))
+    monkeypatch.setitem(sys.modules, "mono_common.bench.expert", fake)
+    printed = []
+    rows = B.bench_expert_rows(None, "cuda", 264, 4.2, 30, out=printed.append)
+    assert rows[0]["us_bar"] == 40.0 and seen == dict(nprog=264, ceiling=4.2, replays=30)
+    assert printed == []  # its module prints its rows
+    B.warm_expert(264, 8)
+    assert seen["warm"] == (264, 8)
+
+    def broken(*args):
+        raise RuntimeError("no such tile")
+
+    fake.bench_expert = broken
+    rows = B.bench_expert_rows(None, "cuda", 264, 4.2, 30, out=printed.append)
+    assert rows == [dict(stage="expert", error="RuntimeError: no such tile")]
+    monkeypatch.setitem(sys.modules, "mono_common.bench.expert", None)  # not installed
+    (row,) = B.bench_expert_rows(None, "cuda", 264, 4.2, 30, out=printed.append)
+    assert row["stage"] == "expert" and "not available" in row["error"]
+    assert len(printed) == 2 and all("FAILED" in p for p in printed)
+    B.warm_expert(264, 8)  # no module, no hook: nothing to do
+
+
+def test_without_a_gpu_the_bench_says_so(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert B.main(["--stages", "handoff"]) == 2
+    assert "needs a GPU" in capsys.readouterr().err
