@@ -255,24 +255,26 @@ def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch
 
 
 def test_tp_injected_fault_on_one_rank_stops_the_other_on_the_abort_flag(monkeypatch):
-    """MONO_GLM53_FAULT=rank1:stage12 at TP 2 side by side: rank 1 times out at the MLA
-    hand-off and raises the shared abort flag; rank 0 (which passed stage 12 and waits in the
-    all-reduce of stage 16, where its own deadline would expire ~0.1 ms later) must stop ON
-    THAT FLAG: its error word says "aborted by rank 1", its wait ran less than its deadline,
-    and its stop is stamped after rank 1's timeout, by how long is printed."""
+    """MONO_GLM53_FAULT=rank1:stage12 at TP 2 side by side: rank 1 (deadline 0.5 s) times out
+    at the MLA hand-off and raises the shared abort flag; rank 0 (deadline 10 s; it passed
+    stage 12 and waits in the all-reduce of stage 16) must stop ON THAT FLAG: its error word
+    says "aborted by rank 1", its wait ran less than its deadline, and its stop is stamped
+    after rank 1's timeout, by how long is printed. With one deadline for both ranks (session
+    11) rank 0's own deadline expired ~0.1 ms after rank 1's, a race the flag could lose."""
     from mono_common import errors
     from mono_glm53.config import REAL
     from mono_glm53.kernels.harness import run_tp_case
 
     monkeypatch.setenv("MONO_GLM53_FAULT", "rank1:stage12")
-    deadline_s = 0.5
-    r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=deadline_s)
+    deadline_s, rank0_s = 0.5, 10.0
+    r = run_tp_case(REAL, 2, 2, 2, 1000, full_weights=_full_weights(), expect_stop=True, deadline_s=deadline_s,
+                    rank_deadline_s={0: rank0_s})
     assert r["stopped"] == 1.0, r
     w0, w1 = r["words"]
     assert w1 is not None and (w1.code, w1.stage, w1.rank) == (errors.CODE_TIMEOUT, 12, 1), r
     assert w0 is not None, f"rank 0 wrote no error word: {r}"
     assert (w0.code, w0.rank, w0.origin) == (errors.CODE_ABORTED, 0, 1), f"rank 0 did not stop on rank 1's flag: {r}"
-    assert w0.waited < deadline_s * 1e9, r  # %globaltimer ns: stopped before its own deadline
+    assert w0.waited < rank0_s * 1e9, r  # %globaltimer ns: stopped before its own deadline
     lag_us = (w0.stamp - w1.stamp) / 1e3
     print(f"\nrank 0 stopped on rank 1's abort flag {lag_us:.1f} us after rank 1's timeout "
           f"(rank 0 in stage {w0.stage}, after waiting {w0.waited / 1e6:.3f} ms)")

@@ -53,6 +53,15 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b rounded as IEEE division on every device. torch on CUDA divides by a Python
+    scalar as a multiply by its reciprocal, which misses the correctly rounded quotient in the
+    last bit (49.5 / 50; pytorch/pytorch#186618): the H200's activation scales `absmax / 448`
+    then differed from the CPU's in ~49 % of the groups (session 11). A tensor divisor takes
+    the true division on both."""
+    return a / torch.full_like(a, b)
+
+
 def _expand_block_scale(s: torch.Tensor, n: int, k: int, block: int) -> torch.Tensor:
     return s.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :n, :k]
 
@@ -70,7 +79,7 @@ def block_quant(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor
     pad[..., :n, :k] = wf
     tiles = pad.view(*lead, nb, block, kb, block)
     amax = tiles.abs().amax(dim=(-3, -1)).clamp_min(1e-12)
-    scale = amax / FP8_MAX
+    scale = _div(amax, FP8_MAX)
     q = (tiles / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
     q = q.view(*lead, nb * block, kb * block)[..., :n, :k].contiguous().to(FP8_DTYPE)
     return q, scale.contiguous()
@@ -99,7 +108,7 @@ def per_token_group_quant(x: torch.Tensor, group: int, eps: float = 1e-10) -> tu
     if k % group:
         raise ValueError(f"K={k} is not a multiple of the group {group}")
     xg = x.float().reshape(*lead, k // group, group)
-    s = xg.abs().amax(dim=-1).clamp_min(eps) / FP8_MAX
+    s = _div(xg.abs().amax(dim=-1).clamp_min(eps), FP8_MAX)
     inv = 1.0 / s
     q = (xg * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.reshape(*lead, k), s
@@ -132,7 +141,7 @@ def index_k_quant(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Returns (q e4m3 [..., D], s fp32 [...]).
     """
     xf = x.float()
-    s = xf.abs().amax(dim=-1).clamp_min(1e-4) / FP8_MAX
+    s = _div(xf.abs().amax(dim=-1).clamp_min(1e-4), FP8_MAX)
     inv = 1.0 / s
     q = (xf * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q, s

@@ -100,6 +100,42 @@ def kernel_out(c: Case, k: GlmLayerKernel, mode: str, delay: int = 0, copy=None)
     return (out.clone(), res.clone(), topk.clone()), caches
 
 
+# CPU copies of MLP weights, newest first: (weak references to the device tensors, copies).
+# A weak reference identifies its tensor only while that tensor lives, so a freed weight whose
+# memory a new one reuses can never hit a stale copy.
+_CPU_MLP: list[tuple[list[str], list, dict[str, torch.Tensor]]] = []
+_CPU_MLP_BYTES = 40 << 30
+
+
+def _mlp_on_cpu(w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The `mlp.*` weights of `w` on the CPU (copied once per weight set)."""
+    import weakref
+
+    keys = sorted(k for k in w if k.startswith("mlp."))
+    for names, refs, cpu in _CPU_MLP:
+        if names == keys and all(r() is w[k] for r, k in zip(refs, keys)):
+            return cpu
+    cpu = {k: w[k].cpu() for k in keys}
+    _CPU_MLP.insert(0, (keys, [weakref.ref(w[k]) for k in keys], cpu))
+    while len(_CPU_MLP) > 1 and sum(t.nbytes for _, _, d in _CPU_MLP for t in d.values()) > _CPU_MLP_BYTES:
+        _CPU_MLP.pop()
+    return cpu
+
+
+def moe_on_cpu(h2: torch.Tensor, w: dict[str, torch.Tensor], s: GlmLayerShape):
+    """`reference.moe` of the kernel's h2 computed on the CPU, results on h2's device.
+
+    Why the CPU: on the H200 the kernel's MoE equals this CPU reference bit for bit, while
+    the same reference run on CUDA (exact FP8 GEMMs or torch scaled_mm alike) differs from
+    it by 0.017..0.031 relative L2 (session 11): more than a 1 % error in a weight scale, so
+    a CUDA-side reference could not tell such an error from its own noise (numerics.py: the
+    cause was torch's CUDA division by a scalar in the activation quantiser, which
+    mono_common.ref.fp8 avoids since 0.1.6; the CPU stays the reference: proven equal)."""
+    with fp8_gemm_backend("exact"):
+        out, aux = ref.moe(h2.cpu(), _mlp_on_cpu(w), s)
+    return out.to(h2.device), {k: v.to(h2.device) for k, v in aux.items()}
+
+
 def compare(c: Case, r_out, r_caches, k_out, k_caches, k: GlmLayerKernel | None = None) -> dict[str, float]:
     s, n = c.s, c.rows
     out, res, topk = k_out
@@ -236,11 +272,8 @@ def conditioned(c: Case, r_out, k_out, k_caches, k: GlmLayerKernel) -> dict[str,
     x2, _ = ref.post_attention_norm(r_out.aux["attn_partial"], res1, w, s)
     h2 = k.h2[:n].clone()
     m["glm53_layer.h2.cosine_min"] = min(_cos(h2[i], x2[i]) for i in range(n))
-    # the MoE on the kernel's own h2 with exact FP8 GEMMs (the kernel's arithmetic): torch
-    # scaled_mm's other accumulation order flips bf16/e4m3 roundings that read as 0.006..0.031
-    # relative error on the H200, more than a 1 % weight-scale error (numerics.py)
-    with fp8_gemm_backend("exact"):
-        out_c, aux_c = ref.moe(h2, w, s)
+    # the MoE on the kernel's own h2, referenced on the CPU (moe_on_cpu says why)
+    out_c, aux_c = moe_on_cpu(h2, w, s)
     b = aux_c["router_logits"].float().sigmoid() + w["mlp.gate.e_score_correction_bias"].float()[None]
     ke = kernel_experts(k, n)
     ids = aux_c["topk_ids"].tolist()
@@ -334,7 +367,8 @@ def fenced_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool
 
 def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: int,
                 full_weights=None, device="cuda", seed: int = 0, delay: int = 0,
-                expect_stop: bool = False, deadline_s: float = 2.0) -> dict[str, float]:
+                expect_stop: bool = False, deadline_s: float = 2.0,
+                rank_deadline_s: dict[int, float] | None = None) -> dict[str, float]:
     """`world` TP ranks of one layer side by side on ONE GPU: each rank's kernel (its weight
     shard, its copy of the caches, nprog = default_nprog // world programs) runs in one launch
     (`layer.launch_side_by_side`) and the ranks all-reduce inside the kernel through
@@ -346,9 +380,11 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     expect_stop: a fault is injected (MONO_GLM53_FAULT); every rank must stop at its deadline
     or on the abort flag with the error word written: returns {"stopped": 1.0, "message": ...,
     "words": every rank's decoded error word (None where a rank wrote none)} instead of
-    metrics (the launch raises: the guard is in report mode, checked after the launch)."""
+    metrics (the launch raises: the guard is in report mode, checked after the launch).
+    rank_deadline_s: {rank: seconds} for ranks whose waits get another deadline than
+    `deadline_s` (a rank that must stop on another rank's abort flag, not on its own clock)."""
     from mono_common.errors import MonoDeviceError
-    from mono_common.guard_host import Guard
+    from mono_common.guard_host import Guard, deadline_ticks
     from mono_common.peer import allocate_local
     from mono_glm53.kernels.layer import peer_requests
     from mono_glm53.kernels.stages import STAGE_NAMES
@@ -367,6 +403,8 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     ks = [GlmLayerKernel(shapes[r], ws[r], width, max_seq_len=ctx, indexer=True, nprog=grid // world,
                          device=device, world=world, peers=peers[r], guard=guard, cooperative=False)
           for r in range(world)]
+    for r, sec in (rank_deadline_s or {}).items():
+        ks[r].deadline = deadline_ticks(sec, guard.clock)
     k_caches = [ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()) for _ in range(world)]
     for k in ks:
         k.set_inputs(c.hidden, c.residual, c.inputs)
@@ -391,8 +429,7 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
             _merge(metrics, compare(c, r_out, r_caches[r], outs[r], k_caches[r], ks[r]))
         eq = max(float((a.float() - b.float()).abs().max()) for o in outs[1:] for a, b in zip(o[:2], outs[0][:2]))
         metrics["glm53_layer.tp_ranks_equal.max_abs"] = max(metrics.get("glm53_layer.tp_ranks_equal.max_abs", 0.0), eq)
-        with fp8_gemm_backend("exact"):  # as in compare
-            parts = [ref.moe(ks[r].h2[:rows].clone(), ws[r], shapes[r])[0] for r in range(world)]
+        parts = [moe_on_cpu(ks[r].h2[:rows].clone(), ws[r], shapes[r])[0] for r in range(world)]  # as in compare
         moe_c = ref.all_reduce_sum(parts)
         cos = min(_cos(outs[0][0][i], moe_c[i]) for i in range(rows))
         metrics["glm53_layer.moe_given_h2.cosine_min"] = min(metrics.get("glm53_layer.moe_given_h2.cosine_min", 1.0), cos)

@@ -464,6 +464,9 @@ class GlmLayerKernel:
         self.stamp = 0
         self.guard = guard if guard is not None else Guard(
             1, device=dev, deadline_s=deadline_s, stage_names={i: n for i, n in enumerate(_stage_names())})
+        # every wait's deadline in clock ticks: the guard's, unless set per kernel before the
+        # first launch (ranks side by side sharing one guard, each with its own deadline)
+        self.deadline = self.guard.deadline
         self.cs = cos_sin_cache(s, max(self.max_seq_len, 1), dev)
         if alloc is not None:  # the shared table, copied into this allocator's memory
             self.cs = z(*self.cs.shape).copy_(self.cs)
@@ -655,7 +658,7 @@ class GlmLayerKernel:
         iwa, iwb = self._iw
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
-                rtt.stride(0), self.scores.stride(0), self.rank, self.guard.deadline, self._delay, self.stall,
+                rtt.stride(0), self.scores.stride(0), self.rank, self.deadline, self._delay, self.stall,
                 int(self.stamp))
 
     def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None, weights=None):
