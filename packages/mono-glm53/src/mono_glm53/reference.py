@@ -59,7 +59,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from mono_common.ref.fp8 import act_quant, fp8_block_linear, index_k_quant, per_token_group_quant
+from mono_common.ref.fp8 import act_quant, fp8_block_linear, index_k_quant
+from mono_common.ref.moe import expert_mlp, silu_and_mul
+from mono_common.ref.moe import routed_experts as _routed_experts
 from mono_common.ref.norm import layer_norm, rms_norm
 from mono_common.ref.rope import apply_rope, hadamard_rotate, rope_cos_sin
 from mono_common.ref.routing import biased_topk as _biased_topk
@@ -222,17 +224,6 @@ class LayerOutput:
     residual: torch.Tensor  # [T, H] bf16, the residual after the post-attention add
     topk: torch.Tensor  # [T, index_topk] int32 logical positions (-1 pad), for the next layer
     aux: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-# ---- norms and activation -------------------------------------------------------------------
-def silu_and_mul(x: torch.Tensor, native: bool = False) -> torch.Tensor:
-    """SwiGLU on [..., 2I] = [gate | up]. Default: the CUDA `silu_and_mul` kernel (fp32, one
-    rounding); `native`: `sglang.srt.layers.activation.SiluAndMul.forward_native` (bf16 ops)."""
-    d = x.shape[-1] // 2
-    if native:
-        return F.silu(x[..., :d]) * x[..., d:]
-    g, u = x[..., :d].float(), x[..., d:].float()
-    return (F.silu(g) * u).to(x.dtype)
 
 
 # ---- attention: projections -----------------------------------------------------------------
@@ -537,12 +528,12 @@ def biased_topk(
 
 def shared_expert(x: torch.Tensor, w: dict[str, torch.Tensor], s: GlmLayerShape) -> torch.Tensor:
     """`DeepseekV2MLP.forward` (the shared expert, TP-sharded, no reduce): FP8 gate_up_proj,
-    SiLU-and-mul, FP8 down_proj. Returns this rank's partial [T, H] bf16."""
-    gu = fp8_block_linear(
-        x, w["mlp.shared_experts.gate_up_proj.weight"], w["mlp.shared_experts.gate_up_proj.weight_scale_inv"], s.block
-    )
-    return fp8_block_linear(
-        silu_and_mul(gu),
+    SiLU-and-mul, FP8 down_proj (`mono_common.ref.moe.expert_mlp`). Returns this rank's
+    partial [T, H] bf16."""
+    return expert_mlp(
+        x,
+        w["mlp.shared_experts.gate_up_proj.weight"],
+        w["mlp.shared_experts.gate_up_proj.weight_scale_inv"],
         w["mlp.shared_experts.down_proj.weight"],
         w["mlp.shared_experts.down_proj.weight_scale_inv"],
         s.block,
@@ -556,30 +547,20 @@ def routed_experts(
     w: dict[str, torch.Tensor],
     s: GlmLayerShape,
 ) -> torch.Tensor:
-    """`FusedMoE` with the FP8 block-128 Triton runner (`fused_experts_impl`): x quantised once
-    per token group, per (row, slot) w13 GEMM -> bf16, SiLU-and-mul -> bf16, requantised,
-    w2 GEMM in fp32 times the routing weight -> bf16, then the sum over slots x routed_scaling
-    (`moe_sum_reduce`). Gathers each slot's expert weights (data-dependent, graph-capturable).
+    """`FusedMoE` with the FP8 block-128 Triton runner (`fused_experts_impl`), as
+    `mono_common.ref.moe.routed_experts` computes it, with GLM-5.3's routed scaling.
     Returns this rank's routed partial [T, H] bf16."""
-    t, k = topk_ids.shape
-    b = s.block
-    xq, xs = per_token_group_quant(x, b)
-    ids = topk_ids.reshape(-1).long()
-    w13 = w["mlp.experts.w13_weight"].index_select(0, ids)
-    s13 = w["mlp.experts.w13_weight_scale_inv"].index_select(0, ids)
-    w2 = w["mlp.experts.w2_weight"].index_select(0, ids)
-    s2 = w["mlp.experts.w2_weight_scale_inv"].index_select(0, ids)
-    outs: list[torch.Tensor] = []
-    for i in range(t):
-        for j in range(k):
-            slot = i * k + j
-            pre = (xq[i : i + 1], xs[i : i + 1])
-            gu = fp8_block_linear(x[i : i + 1], w13[slot], s13[slot], b, pre_quant=pre)
-            act = silu_and_mul(gu)
-            y = fp8_block_linear(act, w2[slot], s2[slot], b)
-            outs.append(y.float() * topk_weights[i, j])
-    per_slot = torch.stack(outs, 0).view(t, k, -1).to(BF16)  # intermediate_cache3
-    return (per_slot.float().sum(dim=1) * s.routed_scaling).to(BF16)
+    return _routed_experts(
+        x,
+        topk_ids,
+        topk_weights,
+        w["mlp.experts.w13_weight"],
+        w["mlp.experts.w13_weight_scale_inv"],
+        w["mlp.experts.w2_weight"],
+        w["mlp.experts.w2_weight_scale_inv"],
+        routed_scale=s.routed_scaling,
+        blk=s.block,
+    )
 
 
 def moe(x: torch.Tensor, w: dict[str, torch.Tensor], s: GlmLayerShape) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -12,6 +12,8 @@ and by `mono bench stages`.
   rmsnorm_entry  `stages.norm.rmsnorm_vec` per row of x [W, D]
   rope_entry     `stages.rope.rope_apply` per row of x [W, RD] at positions pos [W]
   hadamard_entry `stages.rope.hadamard` per row of x [W, D]
+  moe_entry      `stages.moe` (gate_up, SiLU, down over expert slots) for L steps of per-row
+                 (expert id, weight) lists -> out [L][W, H] bf16; its tensors in a pointer table
 The small entries run one row a program (grid = rows): what the layer calls per tile.
 """
 
@@ -20,6 +22,7 @@ import triton.language as tl
 
 from mono_common.device.guard import poll, signal
 from mono_common.stages.gemv import gemv_span, gemv_tile
+from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
@@ -110,3 +113,95 @@ def rope_entry(x_ptr, pos_ptr, cs_ptr, out_ptr, RD: tl.constexpr, NEOX: tl.const
 def hadamard_entry(x_ptr, out_ptr, hscale, D: tl.constexpr):
     m = tl.program_id(0)
     tl.store(out_ptr + m * D + tl.arange(0, D), hadamard(x_ptr + m * D, D, hscale))
+
+
+# The slots of `moe_entry`'s pointer table (int64 each): every tensor of the stage, the lists,
+# shared experts, slot tables and outputs of L steps back to back (`stages.moe_host`).
+(MOE_IDS, MOE_WTS, MOE_XQ, MOE_XS, MOE_W13, MOE_S13, MOE_W2, MOE_S2, MOE_WSH13, MOE_SSH13, MOE_WSH2, MOE_SSH2,
+ MOE_GU, MOE_INTER, MOE_INTERS, MOE_SLOT_E, MOE_SLOT_W, MOE_NSLOT, MOE_OUT, MOE_BAR) = (tl.constexpr(i) for i in range(20))
+MOE_NPTR = 20
+# The slots read at any element offset (single words: nothing to vectorise, no alignment hint)
+MOE_UNALIGNED = (MOE_IDS.value, MOE_WTS.value, MOE_SLOT_E.value, MOE_SLOT_W.value, MOE_NSLOT.value)
+
+
+@triton.jit
+def _tp(tab, slot: tl.constexpr, dt: tl.constexpr, ALIGNED: tl.constexpr = True):
+    """Pointer `slot` of the table as a pointer to dt, 16-byte aligned unless told (the host
+    checks it): what Triton assumes of an aligned pointer argument. Loaded (volatile) where a
+    stage uses it, so it is live for that stage only."""
+    p = tl.load(tab + slot, volatile=True).to(tl.pointer_type(dt))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
+
+
+@triton.jit
+def _moe_step(tab, li, arrived, routed_scale,
+              W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
+              K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
+              BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
+              LAST: tl.constexpr, BAR: tl.constexpr):
+    """Step li of `moe_entry`; `arrived`: the hand-off count so far (returned updated)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    sh13_l: tl.constexpr = 2 * I * H
+    ss13_l: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
+    sh2_l: tl.constexpr = H * I
+    ss2_l: tl.constexpr = ((H + BLK - 1) // BLK) * ((I + BLK - 1) // BLK)
+    f32: tl.constexpr = tl.float32
+    i32: tl.constexpr = tl.int32
+    u8: tl.constexpr = tl.uint8
+    l64 = tl.cast(li, tl.int64)  # L shared experts pass 2^31 bytes
+    se = _tp(tab, MOE_SLOT_E, i32, False) + li * NSLOT
+    sw = _tp(tab, MOE_SLOT_W, f32, False) + li * (W * NSLOT)
+    ns = _tp(tab, MOE_NSLOT, i32, False) + li
+    if FIRST == 0:
+        # every program reads the lists itself, so gate_up needs no hand-off after routing
+        wmat, used = slot_lists(_tp(tab, MOE_IDS, i32, False) + li * (W * K),
+                                _tp(tab, MOE_WTS, f32, False) + li * (W * K), W, WP2, E, K)
+        csum, nu = fill_slots(pid, wmat, used, se, sw, ns, W, WP2, E, NSLOT)
+        moe_gateup(pid, nprog, used, csum, nu, _tp(tab, MOE_XQ, tl.bfloat16), _tp(tab, MOE_XS, f32),
+                   _tp(tab, MOE_W13, u8), _tp(tab, MOE_S13, f32), _tp(tab, MOE_WSH13, u8) + l64 * sh13_l,
+                   _tp(tab, MOE_SSH13, f32) + l64 * ss13_l, _tp(tab, MOE_GU, f32), W, BM, H, E, I, BN, BLK, KSG,
+                   NSLOT)
+    if FIRST <= 0 and LAST >= 1:
+        arrived += nprog
+        grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
+    if FIRST <= 1 and LAST >= 1:
+        moe_silu(pid, nprog, _tp(tab, MOE_GU, f32), _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32),
+                 ns, W, I, KSG, BI, NSLOT, BLK)
+    if FIRST <= 1 and LAST >= 2:
+        arrived += nprog
+        grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
+    if LAST == 2:
+        moe_down(pid, nprog, _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
+                 _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l, _tp(tab, MOE_SSH2, f32) + l64 * ss2_l,
+                 se, sw, ns, _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM, H, I, BND, BLK,
+                 NSLOT)
+    if BAR:
+        arrived += nprog
+        grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
+    return arrived
+
+
+@triton.jit
+def moe_entry(tab, routed_scale, L0, L,
+              W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
+              K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
+              BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
+              LAST: tl.constexpr, BAR: tl.constexpr):
+    """Stages FIRST..LAST of `stages.moe` (0 gate_up, 1 SiLU, 2 down) for steps L0..L0+L-1.
+    Step l reads its lists ids / wts [l] [W, K], the routed experts they name from the one pool
+    w13 / w2 (lists naming other experts each step rotate the reads through it) and its own
+    shared expert wsh13 / wsh2 [l]; it writes its own slot tables and out [l]; the scratch
+    (gu, inter) is shared. Consecutive stages are linked by grid hand-offs (every program must
+    be resident); one launch a stage needs none (the interpreter's mode). BAR adds one after
+    each step's down. The tensors come in a pointer table (`MOE_*` slots), as the layer's do:
+    as twenty pointer arguments they would hold gfx950's scalar registers through every stage."""
+    arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
+    # no loop-invariant code motion: the lane masks and offsets of the three stages do not
+    # change from step to step, and hoisted out of the loop they held gfx950's scalar registers
+    # through every stage (40 SGPR spills at the TP8 rank shape, 2 rows)
+    for li in tl.range(L0, L0 + L, disable_licm=True):
+        arrived = _moe_step(tab, li, arrived, routed_scale, W, BM, WP2, H, E, K, I, BN, BND, BI, BLK, KSG, NSLOT,
+                            FIRST, LAST, BAR)

@@ -1,8 +1,9 @@
 """Stage bodies of the GLM-5.3 decoder-layer kernel, shared by the fused and the staged launch.
 
 The generic pieces come from mono-common's stage library (`mono_common.stages`: numerics, GEMV
-tiles, norms, RoPE / Hadamard, the radix top-k, sparse MLA and its combine, biased routing,
-tile assignment); this module holds GLM-5.3's own stage bodies and the launch that links them.
+tiles, norms, RoPE / Hadamard, the radix top-k, sparse MLA and its combine, biased routing, the
+MoE expert GEMV over expert slots, tile assignment); this module holds GLM-5.3's own stage
+bodies and the launch that links them.
 
 Every stage is a `@triton.jit` function `stage_<name>(pid, nprog, ...)` that loops over its tiles
 `for t in range(pid, ntiles, nprog)`: the tiles of a stage are shared among the resident
@@ -79,6 +80,10 @@ from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
 from mono_common.stages.mla import mla_partial as stage_mla
+from mono_common.stages.moe import fill_slots as _fill_slots
+from mono_common.stages.moe import moe_down as _moe_down
+from mono_common.stages.moe import moe_gateup as _moe_gateup
+from mono_common.stages.moe import moe_silu as stage_silu
 from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
 
 # the library's numerics under the names the stage bodies use
@@ -543,87 +548,9 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     # every program routes (the same bits everywhere), so no extra hand-off is needed
     WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
     wmat, used = _routing(lg_ptr, bias_ptr, W, WP2, E, TOPE, KSR)
-    e = tl.arange(0, E)
-    csum = tl.cumsum(used, 0)  # slot of a used expert e = csum[e]; slot 0 is the shared expert
-    nu = tl.sum(used, 0)
-    if pid == 0:
-        tl.store(slot_e_ptr + csum, e, mask=used != 0)
-        rows = tl.arange(0, WP2)
-        tl.store(slot_w_ptr + rows[:, None] * NSLOT + csum[None, :], wmat,
-                 mask=(used[None, :] != 0) & (rows[:, None] < W))
-        tl.store(nslot_ptr, nu + 1)
-    NT: tl.constexpr = (2 * I + BN - 1) // BN
-    EB13: tl.constexpr = 2 * I * H
-    SB13: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
-    for t in range(pid, NSLOT * NT * KSG, nprog):
-        u = t // (NT * KSG)
-        r = t % (NT * KSG)
-        if u <= nu:
-            if u == 0:
-                _gemv_tile(r, h2q_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
-                           h2s_ptr, True)
-            else:
-                ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
-                _gemv_tile(r, h2q_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
-                           gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, h2s_ptr, True)
-
-
-@triton.jit
-def stage_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
-               W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr, BI: tl.constexpr,
-               NSLOT: tl.constexpr, BLK: tl.constexpr):
-    # inter holds SiLU(g) * u quantised for the down GEMM (`_quant_blocks`), scales in inters
-    ns = tl.load(nslot_ptr)
-    c = tl.arange(0, BI)
-    NB: tl.constexpr = I // BI
-    for t in range(pid, NSLOT * W * NB, nprog):
-        u = t // (W * NB)
-        m = (t // NB) % W
-        ib = t % NB
-        if u < ns:
-            g = tl.zeros([BI], tl.float32)
-            up = tl.zeros([BI], tl.float32)
-            base = gu_ptr + u * (KSG * W * 2 * I) + m * (2 * I) + ib * BI
-            for ks in range(KSG):
-                g += tl.load(base + ks * (W * 2 * I) + c)
-                up += tl.load(base + ks * (W * 2 * I) + I + c)
-            g = _bf16(g)
-            up = _bf16(up)
-            # SGLang's silu_and_mul kernel: fp32 math, one rounding
-            a = _div(g, 1.0 + tl.exp(-g)) * up
-            q, qs = _quant_blocks(_bf16(a), BI, BLK)
-            tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
-            tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)
-
-
-@triton.jit
-def _down_expert(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
-                 cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-                 BND: tl.constexpr, BLK: tl.constexpr):
-    """Slot u's down-projection tile, bf16-rounded [BM, BND] (slot 0: the shared expert). A u
-    past the last slot reads slot ns - 1 again (valid memory; the caller drops the result), so
-    two slots' loads can be issued together without masks."""
-    EB2: tl.constexpr = H * I
-    NKB: tl.constexpr = (I + BLK - 1) // BLK
-    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
-    uc = tl.minimum(u, ns - 1)
-    ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
-    if uc == 0:
-        wb = wsh2_ptr
-        sb = ssh2_ptr
-    else:
-        wb = w2_ptr + ex * EB2
-        sb = s2_ptr + ex * SB2
-    acc = tl.zeros([BM, BND], tl.float32)
-    for k0 in range(0, I, BLK):
-        # the SiLU stage quantised the input already (e4m3 values as bf16, scales in inters)
-        xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
-        sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
-        w = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
-        w = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
-        acc += _dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
-    return _bf16(acc)  # each expert's down GEMM writes bf16
+    csum, nu = _fill_slots(pid, wmat, used, slot_e_ptr, slot_w_ptr, nslot_ptr, W, WP2, E, NSLOT)
+    _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
+                W, BM, H, E, I, BN, BLK, KSG, NSLOT)
 
 
 @triton.jit
@@ -633,45 +560,13 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
-    # The slots' expert ids are read once as a vector: a per-slot load would put one more
-    # dependent memory round trip in front of every slot's weight load.
-    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
-        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
-    STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
-    ns = tl.load(nslot_ptr)
-    sidx = tl.arange(0, NSP2)
-    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
-    rows = tl.arange(0, BM)
-    rmask = rows < W
-    cols0 = tl.arange(0, BND)
-    kk = tl.arange(0, BLK)
-    for t in range(pid, H // BND, nprog):
-        cols = t * BND + cols0
-        shared = tl.zeros([BM, BND], tl.float32)
-        routed = tl.zeros([BM, BND], tl.float32)
-        # two slots a step where a slot's K is at most 2 blocks (the TP8 shard), so both slots'
-        # weight loads are in flight together; a longer K keeps loads in flight by itself, and
-        # two slots of it spilled (sm_90, TP4 rank). The sum runs in slot order either way
-        # (fused_experts: bf16(y * weight) per slot, fp32 sum, x scale).
-        for u in range(0, ns, STEP):
-            y0 = _down_expert(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows,
-                              rmask, cols, kk, W, BM, H, I, BND, BLK)
-            if STEP == 2:
-                y1 = _down_expert(u + 1, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
-                                  t, rows, rmask, cols, kk, W, BM, H, I, BND, BLK)
-            wr0 = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
-            if u == 0:
-                shared = y0
-            else:
-                routed += tl.where((wr0 != 0.0)[:, None], _bf16(y0 * wr0[:, None]), 0.0)
-            if STEP == 2:
-                wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
-                routed += tl.where((wr1 != 0.0)[:, None], _bf16(y1 * wr1[:, None]), 0.0)
-        out = _bf16(routed * routed_scale) + shared
-        if R > 1:
-            tl.store(dp_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
-        else:
-            tl.store(out_ptr + rows[:, None] * H + cols[None, :], _rbf(out), mask=rmask[:, None])
+    # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
+    if R > 1:
+        o_ptr = dp_ptr
+    else:
+        o_ptr = out_ptr
+    _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True

@@ -1,0 +1,137 @@
+"""The MoE expert stage (`stages.moe`: gate_up, SiLU, down over expert slots) alone on the GPU,
+against the read ceiling: the median time of a step (graph replays of one launch running L steps,
+divided by L), with and without a grid hand-off after each step, the byte floor (bytes a step
+must read over the read ceiling measured in the same run) and the fraction of the ceiling
+reached.
+
+Weights are rotated through more than 256 MB (> 3x the H200's L2): step l's rows pick their
+experts from a window of the expert pool that the previous step's window does not overlap, and
+each step has its own shared expert, so no step finds its weights in the L2. Each row's top-k
+is drawn at random from its step's window (rows overlap as decode batches do, by chance).
+
+    rows = bench_expert(torch, dev, nprog, ceiling, replays)     # ceiling as read_ceiling_tbs
+"""
+
+from __future__ import annotations
+
+import time
+
+# name -> (hidden, intermediate per rank, routed experts, top-k): GLM-5.3 at a TP8 and a TP4 rank
+EXPERT_SHAPES = {
+    "glm53-tp8": (6144, 2048 // 8, 256, 8),
+    "glm53-tp4": (6144, 2048 // 4, 256, 8),
+}
+ROTATE_BYTES = 256 << 20  # > 3x the H200's 60 MB L2 (and MI355X's 4 MB L2 x 8 XCDs + 256 MB MALL)
+
+
+def _fp8_bits(torch, shape, device, gen):
+    """Random e4m3 weights (finite codes only) as uint8."""
+    v = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 64
+    return v.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def expert_bytes(H: int, I: int, blk: int = 128) -> int:  # noqa: E741
+    """Bytes one FP8 block expert reads: gate_up and down weights and their fp32 scales."""
+    nb_h, nb_i, nb_2i = -(-H // blk), -(-I // blk), -(-2 * I // blk)
+    return 3 * I * H + 4 * (nb_2i * nb_h + nb_h * nb_i)
+
+
+def _steps(torch, E, K, rows, per_step, gen, device):
+    """Lists ids / wts [L, rows, K] (each row's ids sorted) of L >= 4 steps whose bytes add up
+    past ROTATE_BYTES; consecutive steps draw from disjoint windows of E // 2 experts."""
+    win = E // 2
+    perm = torch.randperm(E, generator=gen, device="cpu")
+    ids_l, total, li = [], 0, 0
+    while li < 4 or total < ROTATE_BYTES:
+        window = perm[torch.arange(li * win, (li + 1) * win) % E]
+        ids = torch.stack([window[torch.randperm(win, generator=gen)[:K]] for _ in range(rows)])
+        ids_l.append(ids.sort(-1).values)
+        total += per_step(ids.unique().numel())
+        li += 1
+    ids = torch.stack(ids_l).to(torch.int32).to(device).contiguous()
+    wts = torch.rand(ids.shape, generator=gen) + 0.05
+    wts = (wts / wts.sum(-1, keepdim=True)).to(device).contiguous()
+    return ids, wts
+
+
+def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1, 2, 8), check=True) -> list[dict]:
+    """One row per (shape, rows): keys as `bench.stages.bench_gemv`'s rows (stage, shape, rows,
+    variant, BN, KS, PER, L, bytes, floor_us, us_bar / frac_bar with a hand-off after each
+    step, us_nobar / frac_nobar without, rel_err, error, seconds) plus experts (distinct routed
+    experts a step, mean) and slots. `ceiling`: the read ceiling in TB/s, as
+    `bench.ceiling.read_ceiling_tbs` returns it (a value in bytes/s is taken as such)."""
+    from mono_common.graph_timing import graph_median_us
+    from mono_common.ref.moe import moe_over_slots
+    from mono_common.stages.moe_host import MoePlan, alloc_buffers, launch_moe, pointer_table, quantise_x
+
+    # TB/s to bytes/s; a ceiling past 1e6 already is bytes/s (no GPU reads a million TB/s)
+    bps = ceiling if ceiling > 1e6 else ceiling * 1e12
+    gen = torch.Generator(device=dev).manual_seed(0)
+    cpu_gen = torch.Generator().manual_seed(0)
+    res = []
+    for name in shapes or EXPERT_SHAPES:
+        H, I, E, K = EXPERT_SHAPES[name]  # noqa: E741
+        eb = expert_bytes(H, I)
+        experts = (_fp8_bits(torch, (E, 2 * I, H), dev, gen),
+                   torch.rand((E, -(-2 * I // 128), H // 128), generator=gen, device=dev) * 1e-3 + 1e-4,
+                   _fp8_bits(torch, (E, H, I), dev, gen),
+                   torch.rand((E, H // 128, -(-I // 128)), generator=gen, device=dev) * 1e-3 + 1e-4)
+        for rows in rows_list:
+            t0 = time.time()
+            # routed experts, the shared one, x and its scales in, the output out
+            act = rows * H * 2 + rows * (H // 128) * 4 + rows * H * 2
+            ids, wts = _steps(torch, E, K, rows, lambda d, eb=eb, act=act: (d + 1) * eb + act, cpu_gen, dev)
+            L = ids.shape[0]
+            distinct = [ids[li].unique().numel() for li in range(L)]
+            nbytes = sum((d + 1) * eb + act for d in distinct) / L
+            floor_us = nbytes / bps * 1e6
+            plan = MoePlan.make(H, I, E, K, rows, nprog)
+            row = dict(stage="moe_expert", shape=f"{name} {H}x{I} E{E} top{K}", rows=rows, variant="fused",
+                       nprog=nprog, BN=plan.BN, KS=plan.KSG, PER=0, L=L, experts=sum(distinct) / L,
+                       slots=plan.NSLOT, bytes=nbytes, floor_us=floor_us)
+            try:
+                shared = (_fp8_bits(torch, (L, 2 * I, H), dev, gen),
+                          torch.rand((L, -(-2 * I // 128), H // 128), generator=gen, device=dev) * 1e-3 + 1e-4,
+                          _fp8_bits(torch, (L, H, I), dev, gen),
+                          torch.rand((L, H // 128, -(-I // 128)), generator=gen, device=dev) * 1e-3 + 1e-4)
+                x = torch.randn((rows, H), generator=gen, device=dev).to(torch.bfloat16)
+                xq, xs = quantise_x(x)
+                bufs = alloc_buffers(plan, L, dev)
+                tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
+                if check:
+                    launch_moe(plan, xq, xs, ids, wts, experts, shared, 2.5, bufs, tab=tab)
+                    uniq = ids[0].unique()
+                    sub = tuple(t.index_select(0, uniq.long()).cpu() for t in experts)
+                    # the reference on the CPU: a CUDA-side reference is not what is being checked
+                    ref = moe_over_slots(x.cpu(), torch.searchsorted(uniq, ids[0]).cpu(), wts[0].cpu(), sub,
+                                         tuple(t[0].cpu() for t in shared), 2.5).double()
+                    err = ((bufs["out"][0].double().cpu() - ref).norm() / ref.norm()).item()
+                    row["rel_err"] = err
+                    if not err < 2e-3:
+                        row["error"] = f"relative error {err:.3g} vs the CPU reference"
+                for tag, b in (("bar", True), ("nobar", False)):
+                    def step(xq=xq, xs=xs, ids=ids, wts=wts, ex=experts, sh=shared, bufs=bufs, tab=tab, b=b, plan=plan):
+                        launch_moe(plan, xq, xs, ids, wts, ex, sh, 2.5, bufs, barrier=b, tab=tab)
+
+                    us = graph_median_us(step, 1, replays, warmup=3) / L
+                    row[f"us_{tag}"] = us
+                    row[f"frac_{tag}"] = floor_us / us
+                del shared, bufs
+            except Exception as e:  # a shape that fails to build or run is reported, not fatal
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            row["seconds"] = round(time.time() - t0, 1)
+            res.append(row)
+            _print_row(row)
+        del experts
+        torch.cuda.empty_cache()
+    return res
+
+
+def _print_row(r):
+    if "us_bar" in r:
+        print(f"{r['stage']} {r['shape']} rows {r['rows']} L {r['L']} experts {r['experts']:.1f}: "
+              f"{r['us_bar']:7.2f} us ({100 * r['frac_bar']:5.1f} %)  no hand-off {r['us_nobar']:7.2f} us "
+              f"({100 * r['frac_nobar']:5.1f} %)  floor {r['floor_us']:.2f} us  "
+              f"rel_err {r.get('rel_err', float('nan')):.1e} {r.get('error', '')} [{r['seconds']} s]", flush=True)
+    else:
+        print(f"{r['stage']} {r['shape']} rows {r['rows']} FAILED: {r.get('error')}", flush=True)

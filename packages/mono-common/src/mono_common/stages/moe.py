@@ -1,0 +1,204 @@
+"""MoE expert GEMV over expert slots: gate_up, SiLU-and-mul, down, for decode steps of 1-8 rows.
+
+A step's experts are its SLOTS: slot 0 is the shared expert, slots 1..nu the routed experts any
+row selected, in expert-id order, each computed once for all rows; a row's routing weight per
+slot is 0 where it did not select that expert. Any routing fills them: biased top-k
+(`stages.routing.biased_topk`) or hash routing, through its per-row weights [BM, E] and the
+0/1 vector `used` [E] (`slot_lists` makes both from per-row (expert id, weight) lists).
+
+Layouts (row-major, as SGLang leaves block-FP8 experts after loading on CUDA; BLK = 128):
+  x     [W, H] quantised by the caller per BLK group (`numerics.quant_blocks`, SGLang's
+        per_token_group_quant): e4m3 values held as bf16 (xq) and fp32 scales xs [W, H // BLK]
+  w13   [E, 2I, H] e4m3 bits as uint8 (gate rows 0..I-1, up rows I..2I-1), scales s13 [E,
+        cdiv(2I, BLK), H // BLK] fp32; the shared expert's wsh13 [2I, H] / ssh13 apart
+  w2    [E, H, I] e4m3 bits as uint8, scales s2 [E, cdiv(H, BLK), cdiv(I, BLK)] fp32; wsh2 / ssh2
+  slot tables, written by `fill_slots` (program 0), read after a hand-off:
+        slot_e [NSLOT] int32 expert id of slot u >= 1; slot_w [W, NSLOT] fp32 each row's routing
+        weight of slot u; nslot [1] int32 = 1 + nu (slots in use). NSLOT >= 1 + min(E, W * top-k).
+  gu    [NSLOT, KSG, W, 2I] fp32 gate_up split-K partials (slot-major)
+  inter [NSLOT, W, I] SiLU(g) * u quantised for down (e4m3 values as bf16), inters [NSLOT, W,
+        I // BLK] fp32 scales
+  out   [W, H] bf16 = bf16(bf16(sum over routed slots of bf16(y_u * w_u)) * routed_scale) + y_0
+
+What the caller provides: the quantised x, the routing (wmat, used) in every program that runs
+`moe_gateup` (so no hand-off separates routing from gate_up), and a hand-off between the three
+stages (gate_up -> silu -> down), since each reads what every program of the one before wrote.
+
+Numerics follow SGLang's fused_experts (FP8 block-128 Triton runner) and DeepseekV2MLP: gate_up
+GEMM -> bf16, SiLU(g) * u in fp32 rounded once to bf16, requantised per BLK group, down GEMM
+-> bf16 per expert, then bf16(y * weight) per slot, an fp32 sum in slot order and one scaling.
+Every split-K partial is summed by its consumer in a fixed order, so results never depend on
+timing. Reference: `mono_common.ref.moe`.
+"""
+
+import triton
+import triton.language as tl
+
+from mono_common.stages.gemv import gemv_tile
+from mono_common.stages.numerics import bf16r, div_rn, dot, quant_blocks, rbf
+
+
+@triton.jit
+def slot_lists(ids_ptr, wts_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr, K: tl.constexpr):
+    """Per-row (expert id, weight) lists ids [W, K] int32 / wts [W, K] fp32 -> (wmat [BM, E]
+    fp32, used [E] 0/1): the form `fill_slots` and `moe_gateup` take. An id outside [0, E) is
+    an empty entry; an expert listed twice in a row gets one slot with the summed weight. BM: W
+    rounded up to a power of two."""
+    rows = tl.arange(0, BM)
+    e = tl.arange(0, E)
+    wmat = tl.zeros([BM, E], tl.float32)
+    used = tl.zeros([E], tl.int32)
+    # one list entry a step: its id is one scalar for every lane, and its compare a lane mask
+    # in scalar registers; comparing a row's or every entry at once held W * K such masks
+    # (gfx950 spilled at 8 rows)
+    for i in range(W * K):
+        ex = tl.load(ids_ptr + i)
+        hit = e == ex
+        used = tl.where(hit, 1, used)
+        wmat = tl.where((rows[:, None] == i // K) & hit[None, :], wmat + tl.load(wts_ptr + i), wmat)
+    return wmat, used
+
+
+@triton.jit
+def fill_slots(pid, wmat, used, slot_e_ptr, slot_w_ptr, nslot_ptr,
+               W: tl.constexpr, WP2: tl.constexpr, E: tl.constexpr, NSLOT: tl.constexpr):
+    """Program 0 writes the slot tables of routing (wmat [WP2, E], used [E]); every program
+    gets (csum, nu): the slot of a used expert e is csum[e], nu the routed slots in use."""
+    e = tl.arange(0, E)
+    csum = tl.cumsum(used, 0)
+    nu = tl.sum(used, 0)
+    if pid == 0:
+        tl.store(slot_e_ptr + csum, e, mask=used != 0)
+        rows = tl.arange(0, WP2)
+        tl.store(slot_w_ptr + rows[:, None] * NSLOT + csum[None, :], wmat,
+                 mask=(used[None, :] != 0) & (rows[:, None] < W))
+        tl.store(nslot_ptr, nu + 1)
+    return csum, nu
+
+
+@triton.jit
+def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
+               W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
+               BN: tl.constexpr, BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr):
+    """gate_up of every slot in use: split-K tiles (slot, BN-column tile, K slice) shared among
+    the programs, partials to gu. The expert of slot u comes from (used, csum) in registers,
+    so no program waits for the slot tables."""
+    e = tl.arange(0, E)
+    NT: tl.constexpr = (2 * I + BN - 1) // BN
+    EB13: tl.constexpr = 2 * I * H
+    SB13: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
+    for t in range(pid, NSLOT * NT * KSG, nprog):
+        u = t // (NT * KSG)
+        r = t % (NT * KSG)
+        if u <= nu:
+            if u == 0:
+                gemv_tile(r, xq_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
+                          xs_ptr, True)
+            else:
+                ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
+                gemv_tile(r, xq_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
+                          gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True)
+
+
+@triton.jit
+def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
+             W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr, BI: tl.constexpr,
+             NSLOT: tl.constexpr, BLK: tl.constexpr):
+    """SiLU(g) * u of every slot in use, quantised for down (inter, inters), one (slot, row,
+    BI-column block) a tile."""
+    ns = tl.load(nslot_ptr)
+    c = tl.arange(0, BI)
+    NB: tl.constexpr = I // BI
+    for t in range(pid, NSLOT * W * NB, nprog):
+        u = t // (W * NB)
+        m = (t // NB) % W
+        ib = t % NB
+        if u < ns:
+            g = tl.zeros([BI], tl.float32)
+            up = tl.zeros([BI], tl.float32)
+            base = gu_ptr + u * (KSG * W * 2 * I) + m * (2 * I) + ib * BI
+            for ks in range(KSG):
+                g += tl.load(base + ks * (W * 2 * I) + c)
+                up += tl.load(base + ks * (W * 2 * I) + I + c)
+            g = bf16r(g)
+            up = bf16r(up)
+            # SGLang's silu_and_mul kernel: fp32 math, one rounding
+            a = div_rn(g, 1.0 + tl.exp(-g)) * up
+            q, qs = quant_blocks(bf16r(a), BI, BLK)
+            tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
+            tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)
+
+
+@triton.jit
+def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
+              cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+              BND: tl.constexpr, BLK: tl.constexpr):
+    """Slot u's down-projection tile, bf16-rounded [BM, BND] (slot 0: the shared expert). A u
+    past the last slot reads slot ns - 1 again (valid memory; the caller drops the result), so
+    two slots' loads can be issued together without masks."""
+    EB2: tl.constexpr = H * I
+    NKB: tl.constexpr = (I + BLK - 1) // BLK
+    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    uc = tl.minimum(u, ns - 1)
+    ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
+    if uc == 0:
+        wb = wsh2_ptr
+        sb = ssh2_ptr
+    else:
+        wb = w2_ptr + ex * EB2
+        sb = s2_ptr + ex * SB2
+    acc = tl.zeros([BM, BND], tl.float32)
+    for k0 in range(0, I, BLK):
+        # the SiLU stage quantised the input already (e4m3 values as bf16, scales in inters)
+        xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
+        sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
+        w = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
+        w = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
+        acc += dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
+    return bf16r(acc)  # each expert's down GEMM writes bf16
+
+
+@triton.jit
+def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
+             nslot_ptr, o_ptr, routed_scale,
+             W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+             BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr):
+    """down of every slot in use and the weighted sum over slots -> o [W, H] bf16, one
+    BND-column tile a program step (each tile's sum is its program's: nothing to reduce)."""
+    # The slots' expert ids are read once as a vector: a per-slot load would put one more
+    # dependent memory round trip in front of every slot's weight load.
+    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
+        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
+    STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
+    ns = tl.load(nslot_ptr)
+    sidx = tl.arange(0, NSP2)
+    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    cols0 = tl.arange(0, BND)
+    kk = tl.arange(0, BLK)
+    for t in range(pid, H // BND, nprog):
+        cols = t * BND + cols0
+        shared = tl.zeros([BM, BND], tl.float32)
+        routed = tl.zeros([BM, BND], tl.float32)
+        # two slots a step where a slot's K is at most 2 blocks (the GLM-5.3 TP8 shard), so both
+        # slots' weight loads are in flight together; a longer K keeps loads in flight by
+        # itself, and two slots of it spilled (sm_90, TP4 rank). The sum runs in slot order
+        # either way (fused_experts: bf16(y * weight) per slot, fp32 sum, x scale).
+        for u in range(0, ns, STEP):
+            y0 = down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows,
+                           rmask, cols, kk, W, BM, H, I, BND, BLK)
+            if STEP == 2:
+                y1 = down_slot(u + 1, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
+                               t, rows, rmask, cols, kk, W, BM, H, I, BND, BLK)
+            wr0 = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
+            if u == 0:
+                shared = y0
+            else:
+                routed += tl.where((wr0 != 0.0)[:, None], bf16r(y0 * wr0[:, None]), 0.0)
+            if STEP == 2:
+                wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
+                routed += tl.where((wr1 != 0.0)[:, None], bf16r(y1 * wr1[:, None]), 0.0)
+        out = bf16r(routed * routed_scale) + shared
+        tl.store(o_ptr + rows[:, None] * H + cols[None, :], rbf(out), mask=rmask[:, None])

@@ -1,0 +1,187 @@
+"""Host side of the standalone MoE expert stage (`stages.moe`): plan, buffers, launch.
+
+    plan = MoePlan.make(H, I, E, K, W, nprog)
+    out = run_moe(plan, x, ids, wts, (w13, s13, w2, s2), (wsh13, ssh13, wsh2, ssh2), routed_scale)
+
+x [W, H] bf16 (quantised here per 128-group, as the layer's producer does); ids [L, W, K] int32
+and wts [L, W, K] fp32: step l's per-row (expert id, weight) lists (an id outside [0, E) is an
+empty entry); routed experts one pool w13 [E, 2I, H] / w2 [E, H, I] uint8 e4m3 bits with fp32
+block scales s13 [E, cdiv(2I, 128), H // 128] / s2 [E, H // 128, cdiv(I, 128)]; the shared
+expert one per step: wsh13 [L, 2I, H], wsh2 [L, H, I] and their scales. Returns out [L, W, H]
+bf16. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mono_common.stages.gemv import pick_split_k
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoePlan:
+    """Tiling of one MoE expert stage on `nprog` programs (the GLM-5.3 layer's by default)."""
+
+    H: int
+    I: int  # noqa: E741 (the intermediate size, named as in the kernels)
+    E: int
+    K: int  # entries per row list (top-k)
+    W: int
+    nprog: int
+    BN: int = 64  # gate_up column tile
+    BND: int = 32  # down column tile
+    BI: int = 128  # SiLU column block
+    BLK: int = 128
+    KSG: int = 1  # gate_up split-K
+    num_warps: int = 4
+
+    @property
+    def BM(self) -> int:
+        return max(16, 1 << (self.W - 1).bit_length())
+
+    @property
+    def WP2(self) -> int:
+        return max(2, 1 << (self.W - 1).bit_length())
+
+    @property
+    def NSLOT(self) -> int:
+        # the shared expert and at most every listed expert once
+        return 1 + min(self.E, self.W * self.K)
+
+    @staticmethod
+    def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int = 64, bnd: int = 32,  # noqa: E741
+             blk: int = 128, ksg: int | None = None, num_warps: int = 4) -> MoePlan:
+        if H % blk or H % bnd:
+            raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
+        if E & (E - 1):
+            raise ValueError(f"expert count {E} must be a power of two (pad the pool)")
+        bi = min(128, I)
+        if I % bi or bi % blk:
+            raise ValueError(f"intermediate {I} does not split into {bi}-column SiLU blocks of {blk}-groups")
+        if ksg is None:
+            # as the GLM-5.3 layer: tiles of the shared expert and one row's top-k cover the grid
+            ksg = pick_split_k(_cdiv(2 * I, bn) * (1 + K), H // blk, nprog)
+        if (H // blk) % ksg:
+            raise ValueError(f"split-K {ksg} does not divide the {H // blk} K blocks")
+        return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, ksg, num_warps)
+
+
+def alloc_buffers(plan: MoePlan, L: int, device) -> dict:
+    """Scratch, slot tables (one set per step) and the output of L steps; zeroed."""
+    import torch
+
+    p = plan
+    z = dict(device=device)
+    return dict(
+        gu=torch.zeros(p.NSLOT, p.KSG, p.W, 2 * p.I, dtype=torch.float32, **z),
+        inter=torch.zeros(p.NSLOT, p.W, p.I, dtype=torch.bfloat16, **z),
+        inters=torch.zeros(p.NSLOT, p.W, _cdiv(p.I, p.BLK), dtype=torch.float32, **z),
+        slot_e=torch.zeros(L, p.NSLOT, dtype=torch.int32, **z),
+        slot_w=torch.zeros(L, p.W, p.NSLOT, dtype=torch.float32, **z),
+        nslot=torch.zeros(L, dtype=torch.int32, **z),
+        out=torch.zeros(L, p.W, p.H, dtype=torch.bfloat16, **z),
+        bar=torch.zeros(2, dtype=torch.int32, **z),
+    )
+
+
+def _check(plan: MoePlan, xq, xs, ids, wts, experts, shared):
+    p = plan
+    L = ids.shape[0]
+    w13, s13, w2, s2 = experts
+    wsh13, ssh13, wsh2, ssh2 = shared
+    want = {
+        "xq": (tuple(xq.shape), (p.W, p.H)), "xs": (tuple(xs.shape), (p.W, p.H // p.BLK)),
+        "ids": (tuple(ids.shape), (L, p.W, p.K)), "wts": (tuple(wts.shape), (L, p.W, p.K)),
+        "w13": (tuple(w13.shape), (p.E, 2 * p.I, p.H)), "w2": (tuple(w2.shape), (p.E, p.H, p.I)),
+        "s13": (tuple(s13.shape), (p.E, _cdiv(2 * p.I, p.BLK), p.H // p.BLK)),
+        "s2": (tuple(s2.shape), (p.E, p.H // p.BLK, _cdiv(p.I, p.BLK))),
+        "wsh13": (tuple(wsh13.shape), (L, 2 * p.I, p.H)), "wsh2": (tuple(wsh2.shape), (L, p.H, p.I)),
+        "ssh13": (tuple(ssh13.shape), (L, _cdiv(2 * p.I, p.BLK), p.H // p.BLK)),
+        "ssh2": (tuple(ssh2.shape), (L, p.H // p.BLK, _cdiv(p.I, p.BLK))),
+    }
+    bad = [f"{k} {got} (want {exp})" for k, (got, exp) in want.items() if got != exp]
+    if bad:
+        raise ValueError(f"MoE stage inputs do not match the plan {plan}: " + "; ".join(bad))
+    tensors = (xq, xs, ids, wts, *experts, *shared)
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError("MoE stage inputs must be contiguous (the kernel computes row-major offsets)")
+
+
+def pointer_table(xq, xs, ids, wts, experts, shared, bufs: dict):
+    """The int64 pointer table of `stages.entries.moe_entry` (slots `MOE_*`), on x's device."""
+    import torch
+
+    from mono_common.stages import entries as EN
+
+    by_slot = {
+        EN.MOE_IDS: ids, EN.MOE_WTS: wts, EN.MOE_XQ: xq, EN.MOE_XS: xs,
+        EN.MOE_W13: experts[0], EN.MOE_S13: experts[1], EN.MOE_W2: experts[2], EN.MOE_S2: experts[3],
+        EN.MOE_WSH13: shared[0], EN.MOE_SSH13: shared[1], EN.MOE_WSH2: shared[2], EN.MOE_SSH2: shared[3],
+        EN.MOE_GU: bufs["gu"], EN.MOE_INTER: bufs["inter"], EN.MOE_INTERS: bufs["inters"],
+        EN.MOE_SLOT_E: bufs["slot_e"], EN.MOE_SLOT_W: bufs["slot_w"], EN.MOE_NSLOT: bufs["nslot"],
+        EN.MOE_OUT: bufs["out"], EN.MOE_BAR: bufs["bar"],
+    }
+    ptrs = [0] * EN.MOE_NPTR
+    for slot, t in by_slot.items():
+        i = slot.value
+        if i not in EN.MOE_UNALIGNED and t.data_ptr() % 16:
+            raise ValueError(f"pointer table slot {i} is not 16-byte aligned (the kernel assumes it is)")
+        ptrs[i] = t.data_ptr()
+    return torch.tensor(ptrs, dtype=torch.int64, device=xq.device)
+
+
+def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: float, bufs: dict,
+               staged: bool = False, barrier: bool = False, tab=None):
+    """One launch over the L = ids.shape[0] steps (`stages.entries.moe_entry`), its three stages
+    linked by grid hand-offs; `staged`: one launch a stage and step instead (no hand-off, the
+    interpreter's mode). xq: x's e4m3 values as bf16 [W, H], xs their fp32 scales. `barrier`:
+    a hand-off after each step too. `tab`: the pointer table when the caller keeps one (a
+    captured graph must not rebuild it). Returns bufs["out"] [L, W, H] bf16."""
+    from mono_common.stages.entries import moe_entry
+
+    _check(plan, xq, xs, ids, wts, experts, shared)
+    if staged and barrier:
+        raise ValueError("a staged launch has no hand-offs (barrier needs the fused launch)")
+    p = plan
+    L = ids.shape[0]
+    if tab is None:
+        tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
+    # with hand-offs every program must be resident: a cooperative launch refuses a grid that
+    # is not, instead of spinning forever
+    coop = dict(launch_cooperative_grid=True) if not staged and xq.device.type == "cuda" else {}
+    if not staged:
+        bufs["bar"].zero_()
+    # staged: step by step, since the steps share the scratch (gu, inter) that a stage's
+    # launch over every step would overwrite before the next stage read it
+    for l0, n in [(li, 1) for li in range(L)] if staged else [(0, L)]:
+        for first, last in ((0, 0), (1, 1), (2, 2)) if staged else ((0, 2),):
+            moe_entry[(p.nprog,)](
+                tab, float(routed_scale), l0, n,
+                W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
+                KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, num_warps=p.num_warps, **coop)
+    return bufs["out"]
+
+
+def quantise_x(x, blk: int = 128):
+    """x [W, H] bf16 -> (e4m3 values as bf16, fp32 scales [W, H // blk]) on x's device: the
+    per-128-group quantisation the layer's producer applies (`numerics.quant_blocks`), done
+    by `ref.fp8.per_token_group_quant` on the CPU, the path the H200 run checked: before
+    ref.fp8 divided by a tensor, torch on CUDA divided absmax by 448 as a multiply by the
+    reciprocal, other scales and codes than the kernel's, the stage's output ~2 % off."""
+    import torch
+
+    from mono_common.ref.fp8 import per_token_group_quant
+
+    q, s = per_token_group_quant(x.cpu(), blk)
+    return q.to(torch.bfloat16).contiguous().to(x.device), s.contiguous().to(x.device)
+
+
+def run_moe(plan: MoePlan, x, ids, wts, experts, shared, routed_scale: float = 1.0, staged: bool = False):
+    """out [L, W, H] bf16 of every step (x quantised here)."""
+    xq, xs = quantise_x(x, plan.BLK)
+    bufs = alloc_buffers(plan, ids.shape[0], x.device)
+    return launch_moe(plan, xq, xs, ids, wts, experts, shared, routed_scale, bufs, staged=staged).clone()

@@ -1,0 +1,126 @@
+"""The library's MoE expert stage (mono_common.stages.moe) under the interpreter against its
+reference (mono_common.ref.moe) at a tiny shape, staged (one launch a stage), over slot
+patterns: distinct experts per row, one expert shared by every row, zero weights, one slot,
+empty lists (the shared expert alone), and two steps of one launch reading different lists."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from mono_common.ref.moe import moe_over_slots  # noqa: E402
+from mono_common.stages.moe_host import MoePlan, run_moe  # noqa: E402
+
+H, I, E = 256, 256, 16  # 2 K blocks each way, as the GLM-5.3 TP8 shard's down (I = 256)
+SCALE = 2.5
+
+
+def _fp8_bits(shape, g):
+    return (torch.randn(shape, generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _scales(shape, g):
+    return torch.rand(shape, generator=g) * 1e-3 + 1e-4
+
+
+def _weights(L, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    experts = (_fp8_bits((E, 2 * I, H), g), _scales((E, 2 * I // 128, H // 128), g),
+               _fp8_bits((E, H, I), g), _scales((E, H // 128, I // 128), g))
+    shared = (_fp8_bits((L, 2 * I, H), g), _scales((L, 2 * I // 128, H // 128), g),
+              _fp8_bits((L, H, I), g), _scales((L, H // 128, I // 128), g))
+    return experts, shared
+
+
+def _sorted(ids, wts):
+    # the stage sums a row's slots in expert-id order; the reference in list order
+    order = ids.argsort(dim=-1, stable=True)
+    return ids.gather(-1, order).contiguous(), wts.gather(-1, order).contiguous()
+
+
+def _lists(pattern, W, K, g):
+    if pattern == "distinct":
+        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(W)])
+    elif pattern == "same-experts":  # every row picks the same experts: K slots for W rows
+        ids = torch.randperm(E, generator=g)[:K].expand(W, K)
+    elif pattern == "overlap":  # rows share some experts, not all
+        base = torch.randperm(E, generator=g)[: K + 1]
+        ids = torch.stack([base[torch.arange(K) + (m % 2)] for m in range(W)])
+    elif pattern == "empty":  # no routed expert: the shared expert alone
+        ids = torch.full((W, K), -1)
+    else:
+        raise ValueError(pattern)
+    wts = torch.rand(W, K, generator=g) + 0.05
+    wts = wts / wts.sum(-1, keepdim=True)
+    if pattern == "overlap":
+        wts[0, 1] = 0.0  # a selected expert with routing weight 0
+    return _sorted(ids.to(torch.int32), wts.float())
+
+
+def _compare(got, want):
+    diff = (got.float() - want.float()).abs()
+    rel = (diff.norm() / want.float().norm()).item()
+    # fp32 sums in another order than the reference's: a rare bf16 rounding flips, then carried
+    # through SiLU and the requantisation, so a few outputs move by an ulp or so, no more
+    assert rel < 2e-3, rel
+    assert (diff <= want.float().abs() * 2 ** -6 + 1e-3).float().mean() > 0.99, rel
+    return rel
+
+
+@pytest.mark.parametrize("pattern,W,K,ksg", [
+    ("distinct", 3, 4, None), ("distinct", 2, 4, 2), ("same-experts", 3, 4, None), ("overlap", 4, 3, None),
+    ("distinct", 1, 1, None), ("empty", 2, 2, None),
+], ids=["distinct", "distinct-splitk", "same-experts", "overlap-zero-weight", "one-slot", "shared-only"])
+def test_moe_stage_matches_the_reference(pattern, W, K, ksg):
+    g = torch.Generator().manual_seed(W * 10 + K)
+    experts, shared = _weights(1)
+    ids, wts = _lists(pattern, W, K, g)
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=3, ksg=ksg)
+    got = run_moe(plan, x, ids[None], wts[None], experts, shared, SCALE, staged=True)[0]
+    want = moe_over_slots(x, ids, wts, experts, tuple(t[0] for t in shared), SCALE)
+    _compare(got, want)
+
+
+def test_moe_stage_slot_tables():
+    # slot 0 the shared expert, then each selected expert once in id order; a row's weight of
+    # an expert it did not select is 0
+    from mono_common.stages.moe_host import alloc_buffers, launch_moe, quantise_x
+
+    g = torch.Generator().manual_seed(7)
+    experts, shared = _weights(1)
+    W, K = 2, 3
+    ids = torch.tensor([[1, 5, 9], [5, 9, 12]], dtype=torch.int32)
+    wts = torch.tensor([[0.5, 0.3, 0.2], [0.6, 0.0, 0.4]])
+    plan = MoePlan.make(H, I, E, K, W, nprog=2)
+    bufs = alloc_buffers(plan, 1, "cpu")
+    xq, xs = quantise_x(torch.randn(W, H, generator=g).to(torch.bfloat16))
+    launch_moe(plan, xq, xs, ids[None], wts[None], experts, shared, SCALE, bufs, staged=True)
+    assert bufs["nslot"].tolist() == [5]
+    assert bufs["slot_e"][0, 1:5].tolist() == [1, 5, 9, 12]
+    want = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.6, 0.0, 0.4]])
+    assert torch.equal(bufs["slot_w"][0, :, 1:5], want)
+
+
+def test_moe_stage_steps_read_their_own_lists_and_shared_expert():
+    g = torch.Generator().manual_seed(11)
+    W, K, L = 2, 2, 2
+    experts, shared = _weights(L, seed=1)
+    lists = [_lists("distinct", W, K, g) for _ in range(L)]
+    ids = torch.stack([a for a, _ in lists])
+    wts = torch.stack([b for _, b in lists])
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=4)
+    got = run_moe(plan, x, ids, wts, experts, shared, SCALE, staged=True)
+    for li in range(L):
+        want = moe_over_slots(x, ids[li], wts[li], experts, tuple(t[li] for t in shared), SCALE)
+        _compare(got[li], want)
+
+
+def test_plan_refuses_bad_shapes():
+    with pytest.raises(ValueError, match="power of two"):
+        MoePlan.make(H, I, 12, 2, 1, 4)
+    with pytest.raises(ValueError, match="multiple of the block"):
+        MoePlan.make(200, I, E, 2, 1, 4)
+    with pytest.raises(ValueError, match="does not divide"):
+        MoePlan.make(H, I, E, 2, 1, 4, ksg=3)
