@@ -23,7 +23,7 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
     exact FP8 GEMMs (harness.moe_on_cpu) on every device. CPU (tests/interp): 0.0
     (bit-identical), while a 1 % error in the routed experts' down-projection scales reads
     0.0097 and in the shared expert's 0.0061 (`test_one_percent_down_scale_error_fails`).
-    H200 (session 11, the whole GPU suite: 48 fused cases, TP8 shard and TP1, widths 2..8,
+    H200 (session 11, the whole GPU suite: 22 fused-vs-reference tests, TP8 shard and TP1, widths 2..8,
     mixed contexts, TP 2/4/8 side by side): 0.0 .. 0.0013, and the 1 % routed down-scale
     error 0.0077. The bound 0.004 sits 3x above the worst noise and 1.9x below that error.
     Why the CPU: the same reference run on CUDA differed from the kernel (and from itself on
