@@ -265,9 +265,18 @@ def dist_problems(pkg: str, files: list[pathlib.Path]) -> list[str]:
             if not hits or whl.read(hits[0]) != data:
                 problems.append(f"{wheels[0].name}: no {name} identical to the repository's in .dist-info/licenses/")
         meta = email.message_from_bytes(whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))))
-    for field in ("License-Expression", "Classifier", "Project-URL", "Requires-Python", "Summary"):
+    # The repository's address lives in the root pyproject.toml's [tool.mono] only (empty while
+    # the project has none, issue 22): no Project-URL until it is set, then only under it.
+    repository = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mono"]["repository"].rstrip("/")
+    required = ("License-Expression", "Classifier", "Requires-Python", "Summary") + (("Project-URL",) if repository else ())
+    for field in required:
         if not meta.get_all(field):
             problems.append(f"{wheels[0].name}: METADATA has no {field}")
+    for entry in meta.get_all("Project-URL") or []:
+        url = entry.split(",", 1)[-1].strip()
+        if not repository or not (url == repository or url.startswith(repository + "/")):
+            problems.append(f"{wheels[0].name}: Project-URL {entry!r} is not under the repository address "
+                            f"{repository!r} ([tool.mono] in the root pyproject.toml)")
     with tarfile.open(sdists[0]) as sdist:
         members = {m.name.split("/", 1)[-1]: m for m in sdist.getmembers()}
         for name, data in want.items():

@@ -1,3 +1,3 @@
 """Version of the mono-deepseek-v41 distribution (static: hatchling reads it)."""
 
-__version__ = "0.2.0"
+__version__ = "0.2.1"
