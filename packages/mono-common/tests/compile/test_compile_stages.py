@@ -29,7 +29,7 @@ STAGES = {"sm_90": 3, "gfx950": 2}
 def test_gemv_entry_compiles_without_spills(target, case, record_property):
     k, rows, bn, span, per, ks, pre, warps, dot = case
     ce = dict(N=6144, K=k, W=rows, BM=max(16, rows), BN=bn, BLK=128, KS=ks, PER=per, SLOTS=8, SPAN=span, FMT=1,
-              XQ=False, PRE=pre, DOT=dot, BAR=True)
+              XQ=False, PRE=pre, DOT=dot, BAR=True, AMD=target == "gfx950")
     # as the layer launches compile: no AMD buffer ops, Triton's default pipelining depth per ISA
     res = cc.compile_kernel(gemv_entry, GEMV_SIG, ce, target, num_warps=warps, pointer_align=16,
                             num_stages=STAGES[target], amd_buffer_ops=False)
@@ -81,7 +81,7 @@ def _mla(w, ct, mode):
 
 
 LINKED = [
-    ("handoff", "handoff_entry", {"bar_ptr": "*i32", "N": "i32"}, [{}], ("sm_90", "gfx950")),
+    ("handoff", "handoff_entry", {"bar_ptr": "*i32", "N": "i32"}, [dict(FLAG=False, AMD=False)], ("sm_90", "gfx950")),
     ("topk", "topk_linked_entry", TOPK_LINKED_SIG,
      [dict(W=w, TOPK=2048, stride_sc=200000, nck=782, sc_lstride=w * 200000) for w in (1, 8)], ("sm_90", "gfx950")),
     ("mla", "mla_entry", MLA_SIG, [_mla(w, 64, m) for w in (1, 8) for m in (0, 2)], ("sm_90", "gfx950")),
@@ -105,3 +105,36 @@ def test_linked_entries_compile_without_spills(target, name, entry, sig, variant
         assert res.spills == 0, cc.format_resources(res)
         # every program of a linked launch must be resident at once
         assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
+# The flag hand-off (stages.handoff.grid_handoff_flag, a bench variant beside grid_handoff):
+# alone N times and after each weight set of the layer's GEMV form. Its waiters poll with plain
+# loads that must stay inside the poll loop: gfx950 needs the ".cv" form (AMD=True), without
+# which Triton drops `volatile` and LLVM hoists the load (a hang); sm_90 a volatile load.
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("entry", ["handoff", "gemv"])
+def test_flag_handoff_compiles_without_spills(target, entry, record_property):
+    from mono_common.stages import linked_entries
+
+    amd = target == "gfx950"
+    if entry == "handoff":
+        fn, sig, ce = linked_entries.handoff_entry, {"bar_ptr": "*i32", "N": "i32"}, dict(FLAG=True, AMD=amd)
+    else:
+        fn, sig = gemv_entry, GEMV_SIG
+        ce = dict(N=6144, K=6144, W=1, BM=16, BN=128, BLK=128, KS=1, PER=4, SLOTS=8, SPAN=True, FMT=1, XQ=True,
+                  PRE=False, DOT=2, BAR=2, AMD=amd)
+    res = cc.compile_kernel(fn, sig, ce, target, num_warps=4, pointer_align=16, num_stages=STAGES[target],
+                            amd_buffer_ops=False)
+    record_property("resources", f"{entry} flag: {cc.format_resources(res)}")
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+    if amd:
+        text = res.asm["amdgcn"]
+        # the poll's load (bypassing the CU's cache) before the loop and inside it
+        assert text.count("offset:128 sc0 sc1") >= 2, "the flag poll's load left the loop"
+        assert "global_atomic_swap" in text
+    else:
+        text = res.asm["ptx"]
+        assert "ld.volatile.global" in text
+        for op in ("atom.global.gpu.acq_rel.add", "atom.global.gpu.release.exch", "atom.global.gpu.acquire.add"):
+            assert op in text, op

@@ -19,6 +19,7 @@ TINY = [
     B.Job("topk", (600, 128), 3, "radix", 1),
     B.Job("mla", (4, 128, 64, 64, 128, 16), 2, "ct16", 1),
     B.Job("handoff", (5,), None, "grid1", 1),
+    B.Job("gemv", (256, 256), 1, "s128fqh", 1),  # the flag hand-off after each weight set
 ]
 
 
@@ -40,7 +41,7 @@ def test_every_stage_checks_and_times_its_case(one_call_timer, tmp_path):
     printed = []
     res = B.bench_jobs(torch, torch.device("cpu"), TINY, ceiling=4.0, replays=3, out=printed.append)
     assert [r.get("error") for r in res] == [None] * len(TINY), printed
-    gemv, gemv2, topk, mla, hand = res
+    gemv, gemv2, topk, mla, hand, gemvh = res
     assert gemv["rel_err"] < 1e-3 and gemv2["rel_err"] < 1e-6
     assert topk["check"] == "exact" and topk["L"] == 4 and topk["bytes"] == 3 * 600 * 4
     assert mla["rel_err"] < B.MLA_REL_BOUND and mla["L"] == 4
@@ -50,7 +51,10 @@ def test_every_stage_checks_and_times_its_case(one_call_timer, tmp_path):
     assert {"us_bar", "us_nobar", "frac_nobar"} <= set(mla) and "us_nobar" not in topk
     # a hand-off: (launch of 5 - launch of none) / 5
     assert hand["us_bar"] == 0.0 and hand["us_launch"] == 10.0 and hand["meets_target"]
-    assert len(one_call_timer) == 2 + 2 + 1 + 2 + 2 and len(printed) == len(TINY)
+    # and the flag hand-off beside it, on the same grid
+    assert hand["us_flag"] == 0.0 and hand["meets_target_flag"]
+    assert gemv["handoff"] == "counter" and gemvh["handoff"] == "flag" and gemvh["xq"] and gemvh["rel_err"] < 1e-3
+    assert len(one_call_timer) == 2 + 2 + 1 + 2 + 3 + 2 and len(printed) == len(TINY)
     json.dumps(res)  # what main writes
     assert B.summary(res)
     B.plot(res, str(tmp_path / "stages_bench.png"))

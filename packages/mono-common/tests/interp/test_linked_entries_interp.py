@@ -7,11 +7,13 @@ hand-off between two of them would never complete."""
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402,F401  (the interpreter finds the language in a runner's globals)
 
 from mono_common.ref.mla import sparse_mla, topk_to_slots  # noqa: E402
 from mono_common.ref.topk import topk_index_order  # noqa: E402
 from mono_common.stages import linked_host as LH  # noqa: E402
+from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, grid_handoff_flag  # noqa: E402
 
 
 def mla_inputs(plan, ctx, page, gen, short_row=None):
@@ -67,3 +69,104 @@ def test_handoffs_count_the_grid():
     bar = torch.zeros(2, dtype=torch.int32)
     LH.launch_handoffs(bar, 5, nprog=1)
     assert bar.tolist() == [5, 0]
+
+
+# The flag hand-off (stages.handoff.grid_handoff_flag) beside the counter one. Several programs
+# at once: the interpreter runs programs one after another, so these tests run each program of
+# the grid in its own thread (the hand-off entry reads no program id, only the grid size), and
+# a hand-off that never completes fails the join instead of hanging the run.
+def _threaded_handoffs(bar, n, nprog, flag):
+    import inspect
+    import threading
+
+    from triton.runtime.interpreter import GridExecutor
+
+    from mono_common.stages.linked_entries import handoff_entry
+
+    ex = GridExecutor(handoff_entry.rewrite(), handoff_entry.arg_names, (nprog,), [])
+    real = ex.fn
+    threads, errors = [], []
+
+    def one(**args):
+        try:
+            real(**args)
+        except BaseException as e:  # reported by the test, not lost in the thread
+            errors.append(e)
+
+    def program(**args):
+        t = threading.Thread(target=one, kwargs=args, daemon=True)
+        threads.append(t)
+        t.start()
+        if len(threads) == nprog:  # the last program launched: wait for the grid
+            for t in threads:
+                t.join(timeout=120)
+
+    program.__signature__ = inspect.signature(real)
+    ex.fn = program
+    bar.zero_()
+    ex(bar, n, FLAG=flag, AMD=False)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads), "a hand-off never completed"
+    return bar
+
+
+def test_flag_handoffs_count_the_grid_and_publish_the_last_target():
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32)
+    LH.launch_handoffs(bar, 5, nprog=1, flag=True)
+    f = FLAG_WORD.value
+    assert bar[0] == 5 and bar[f] == 5 and bar[1] == 0 and bar[f + 1] == 0 and int(bar.abs().sum()) == 10
+    with pytest.raises(ValueError, match="64 int32 words"):
+        LH.launch_handoffs(torch.zeros(2, dtype=torch.int32), 1, nprog=1, flag=True)
+
+
+@pytest.mark.parametrize("nprog", [2, 3, 5])
+@pytest.mark.parametrize("flag", [False, True], ids=["counter", "flag"])
+def test_handoffs_between_concurrent_programs(nprog, flag):
+    n = 4
+    bar = _threaded_handoffs(torch.zeros(BAR_WORDS, dtype=torch.int32), n, nprog, flag)
+    assert bar[0] == n * nprog and bar[1] == 0
+    # the flag holds the last target (n hand-offs of nprog arrivals), the counter hand-off leaves it
+    assert bar[FLAG_WORD.value] == (n * nprog if flag else 0) and bar[FLAG_WORD.value + 1] == 0
+
+
+@triton.jit
+def one_handoff(bar_ptr, target):
+    grid_handoff_flag(bar_ptr, target)
+
+
+def test_flag_handoff_targets_wrap_modulo_2_32():
+    f = FLAG_WORD.value
+    # the last arriver of a hand-off whose target passes 2^31 (int32 wrap): it publishes
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32)
+    bar[0] = 2**31 - 1  # int32 max: the counter before the last arrival
+    bar[f] = 2**31 - 9
+    one_handoff[(1,)](bar, 2**31)
+    assert bar[0] == -(2**31) and bar[f] == -(2**31)
+    # a program that is not the last, with the flag already up: it arrives and passes
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32)
+    bar[0], bar[f] = 7, 8
+    one_handoff[(1,)](bar, 8)
+    assert bar[0] == 8 and bar[f] == 8
+
+
+@pytest.mark.parametrize("span", [True, False], ids=["span", "splitk"])
+def test_gemv_with_the_flag_handoff_gives_the_counter_handoffs_bits(span):
+    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
+    n, k, rows, L = 200, 512, 2, 3
+    g = torch.Generator().manual_seed(3)
+    w = (torch.randn(L, n, k, generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = torch.rand(L, -(-n // 128), k // 128, generator=g) * 1e-3 + 1e-4
+    x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, nprog=1, bn=128, span=span, **({} if span else dict(ks=2)))
+    outs, bars = [], []
+    for flag in (False, True):
+        bar = torch.zeros(BAR_WORDS, dtype=torch.int32)
+        out = alloc_out(plan, L, "cpu")
+        launch_gemv(plan, x, w, s, out, bar, barrier=True, flag=flag)
+        outs.append(out)
+        bars.append(bar)
+    nobar = alloc_out(plan, L, "cpu")
+    launch_gemv(plan, x, w, s, nobar)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], nobar)
+    f = FLAG_WORD.value
+    assert bars[0][0] == L and bars[0][f] == 0 and bars[1][0] == L and bars[1][f] == L

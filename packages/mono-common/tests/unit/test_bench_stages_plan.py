@@ -19,6 +19,9 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     jobs = plan()
     by = {s: [j for j in jobs if j.stage == s] for s in B.STAGES}
     assert len(by["gemv"]) == len(B.GEMV_SHAPES) * 3 * len(B.GEMV_VARIANTS)
+    # s128fq with each hand-off form: the plan is the same, only the hand-off differs
+    assert {k: v for k, v in B.GEMV_VARIANTS["s128fqh"].items() if k != "hflag"} == B.GEMV_VARIANTS["s128fq"]
+    assert B.variant_plan("s128fqh", 2624, 6144, 1, 264) == B.variant_plan("s128fq", 2624, 6144, 1, 264)
     assert {(j.shape, j.rows) for j in by["topk"]} == {((n, 2048), r) for n in (4096, 65536, 200000) for r in (1, 8)}
     assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16")}
     heads, latent, rope, selected, ctx, page = B.MLA_SHAPE
@@ -80,13 +83,15 @@ def test_rows_print_time_floor_and_check():
                 floor_us=1.5, check="exact")
     assert "exact" in B.format_row(topk) and "no hand-off" not in B.format_row(topk)
     hand = dict(stage="handoff", shape="1000x", rows=None, variant="grid264", nprog=264, handoffs=1000,
-                us_bar=1.2, us_launch=3.0, target_us=1.0, meets_target=False)
+                us_bar=1.2, us_flag=0.8, us_launch=3.0, target_us=1.0, meets_target=False, meets_target_flag=True)
     assert "1.200 us a hand-off" in B.format_row(hand) and "NOT met" in B.format_row(hand)
+    assert "flag hand-off 0.800 us (met)" in B.format_row(hand)
     failed = dict(stage="mla", shape="2048tok8h", rows=1, variant="ct16", error="OutOfResources: shared")
     assert "FAILED: OutOfResources" in B.format_row(failed)
     lines = B.summary([gemv, dict(gemv, variant="k64", us_bar=20.0, frac_bar=0.18), topk, hand, failed])
     assert any("gemv_fp8" in ln and "s128f" in ln and "9.00 us" in ln for ln in lines)
     assert any("264 programs: 1.200 us (misses" in ln for ln in lines)
+    assert any("flag hand-off on 264 programs: 0.800 us (meets" in ln for ln in lines)
     assert any("1 row(s) with an error" in ln for ln in lines)
 
 

@@ -7,6 +7,7 @@
 Stages (all by default):
   gemv     the FP8 block-128 GEMV at GLM-5.3's shapes, rows 1, 2, 8, the variants of
            GEMV_VARIANTS side by side, with and without a grid hand-off after each weight set
+           (a variant named ...h hands off with `stages.handoff.grid_handoff_flag`)
   topk     the radix top-k of 2048 over 4096 / 65536 / 200000 keys, rows 1 and 8: its six
            stages linked by six hand-offs in one launch (what it costs inside a layer)
   mla      sparse MLA over 2048 selected tokens of one TP8 rank (8 heads, latent 512 + rope 64),
@@ -14,7 +15,9 @@ Stages (all by default):
            ("nobar", the stage's streaming rate)
   handoff  one launch of N back-to-back grid hand-offs with no work (`guard.signal` then
            `guard.poll`, as every entry hands off), at 2 and 1 programs per SM: time per
-           hand-off, (launch of N - launch of none) / N, against the 1 us target
+           hand-off, (launch of N - launch of none) / N, against the 1 us target; beside it
+           (us_flag) the same launch with `stages.handoff.grid_handoff_flag` (one arrival RMW,
+           waiters polling a separate flag word with plain loads)
   expert   `mono_common.bench.expert.bench_expert`, imported when this stage runs
 
 A time is the median of CUDA-graph replays of one launch that runs the stage over L input sets
@@ -49,6 +52,7 @@ GEMV_VARIANTS = {
     "s128f": dict(bn=128, span=True, num_warps=4, dot=2),        # stream-K, swap-AB e4m3 MMA
     "s128fq": dict(bn=128, span=True, num_warps=4, dot=2, xq=True),  # + x quantised by its producer
     "s128fqp": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, pre=True),  # + register prefetch
+    "s128fqh": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, hflag=True),  # s128fq, flag hand-off
     "s256fq": dict(bn=256, span=True, num_warps=8, dot=2, xq=True),
     "s256fq4": dict(bn=256, span=True, num_warps=4, dot=2, xq=True),
 }
@@ -127,6 +131,7 @@ def variant_plan(name: str, n: int, k: int, rows: int, nprog: int):
 
     kw = dict(GEMV_VARIANTS[name])
     xq = kw.pop("xq", False)
+    kw.pop("hflag", None)  # the hand-off's form, not the plan's (_gemv_case reads it)
     grid = nprog // 2 if kw.get("num_warps", 4) == 8 else nprog
     return GemvPlan.make(n, k, rows, grid, **kw), xq
 
@@ -135,6 +140,7 @@ def _gemv_case(torch, dev, job, ceiling, memo):
     from mono_common.ref.fp8 import per_token_group_quant
     from mono_common.ref.gemv import block_fp8_gemv
     from mono_common.stages.gemv_host import alloc_out, launch_gemv, run_gemv
+    from mono_common.stages.handoff import BAR_WORDS
 
     (n, k), rows = job.shape, job.rows
     L = sets_for(n * k)
@@ -152,6 +158,7 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         memo["gemv_x"] = ((n, k, rows), torch.randn((rows, k), generator=gen, device=dev).to(torch.bfloat16), {})
     _, x, refs = memo["gemv_x"]
     plan, xq = variant_plan(job.variant, n, k, rows, job.nprog)
+    hflag = GEMV_VARIANTS[job.variant].get("hflag", False)
     xs = None
     xin = x
     if xq:
@@ -159,10 +166,11 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         xin, xs = q.to(torch.bfloat16), xs.contiguous()
     row = dict(stage="gemv_fp8", shape=f"{n}x{k}", rows=rows, variant=job.variant, nprog=job.nprog,
                grid=plan.nprog, BN=plan.BN, KS=plan.KS, PER=plan.PER, span=plan.span, pre=plan.pre,
-               warps=plan.num_warps, dot=plan.dot, xq=xq, L=L, rotated_bytes=L * (n * k + s[0].numel() * 4))
+               warps=plan.num_warps, dot=plan.dot, xq=xq, handoff="flag" if hflag else "counter", L=L,
+               rotated_bytes=L * (n * k + s[0].numel() * 4))
     _floor(row, n * k + s[0].numel() * 4, ceiling)
     out = alloc_out(plan, L, dev)
-    bar = torch.zeros(2, dtype=torch.int32, device=dev)
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32, device=dev)
 
     def compare(got):
         if "ref" not in refs:
@@ -173,7 +181,7 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         bound = 1e-3 if plan.dot == 2 else 1e-6
         return dict(rel_err=err) if err < bound else dict(rel_err=err, error=f"relative error {err:.3g} vs fp64")
 
-    return Case(row, L, {tag: (lambda b=b: launch_gemv(plan, xin, w, s, out, bar, barrier=b, xs=xs))
+    return Case(row, L, {tag: (lambda b=b: launch_gemv(plan, xin, w, s, out, bar, barrier=b, xs=xs, flag=hflag))
                          for tag, b in (("bar", True), ("nobar", False))},
                 run=lambda: run_gemv(plan, xin, w[:1], s[:1], xs=xs), compare=compare)
 
@@ -248,24 +256,37 @@ def _mla_case(torch, dev, job, ceiling, memo):
 
 
 def _handoff_case(torch, dev, job, ceiling, memo):
+    """Both hand-off forms on one grid: us_bar (`entries.grid_handoff`, every program polling
+    the counter with RMWs) and us_flag (`handoff.grid_handoff_flag`)."""
+    from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD
     from mono_common.stages.linked_host import launch_handoffs
 
     (n,) = job.shape
-    bar = torch.zeros(2, dtype=torch.int32, device=dev)
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32, device=dev)
     row = dict(stage="handoff", shape=f"{n}x", rows=None, variant=job.variant, nprog=job.nprog, handoffs=n,
                target_us=HANDOFF_TARGET_US)
+    want = n * job.nprog
 
     def compare(got):
-        seen = int(got[0])
-        return dict(check="counter") if seen == n * job.nprog else dict(error=f"counter {seen}, not {n * job.nprog}")
+        counter, (fcounter, flag) = int(got[0][0]), (int(got[1][0]), int(got[1][FLAG_WORD.value]))
+        if counter != want:
+            return dict(error=f"counter {counter}, not {want}")
+        if (fcounter, flag) != (want, want):
+            return dict(error=f"flag hand-off: counter {fcounter}, flag {flag}, not {want}")
+        return dict(check="counter")
 
     def finish(t):
         us = (t["bar"] - t["empty"]) / n
-        return dict(us_bar=us, us_launch=t["empty"], meets_target=us <= HANDOFF_TARGET_US)
+        usf = (t["flag"] - t["empty"]) / n
+        return dict(us_bar=us, us_flag=usf, us_launch=t["empty"], meets_target=us <= HANDOFF_TARGET_US,
+                    meets_target_flag=usf <= HANDOFF_TARGET_US)
 
     return Case(row, n, {"bar": lambda: launch_handoffs(bar, n, job.nprog),
+                         "flag": lambda: launch_handoffs(bar, n, job.nprog, flag=True),
                          "empty": lambda: launch_handoffs(bar, 0, job.nprog)},
-                run=lambda: launch_handoffs(bar, n, job.nprog).cpu(), compare=compare, finish=finish)
+                run=lambda: (launch_handoffs(bar, n, job.nprog).to("cpu", copy=True),
+                             launch_handoffs(bar, n, job.nprog, flag=True).to("cpu", copy=True)),
+                compare=compare, finish=finish)
 
 
 BUILDERS = {"gemv": _gemv_case, "topk": _topk_case, "mla": _mla_case, "handoff": _handoff_case}
@@ -383,6 +404,8 @@ def format_row(r: dict) -> str:
         verdict = "met" if r.get("meets_target") else "NOT met"
         text = (f"{r['us_bar']:.3f} us a hand-off over {r['handoffs']} (target {r['target_us']} us: {verdict}), "
                 f"launch alone {r['us_launch']:.2f} us")
+        if "us_flag" in r:
+            text += f"; flag hand-off {r['us_flag']:.3f} us ({'met' if r.get('meets_target_flag') else 'NOT met'})"
     else:
         detail = ""
         if "BN" in r:
@@ -427,6 +450,9 @@ def summary(res) -> list[str]:
         if r.get("stage") == "handoff" and "us_bar" in r:
             lines.append(f"  hand-off on {r['nprog']} programs: {r['us_bar']:.3f} us "
                          f"({'meets' if r['meets_target'] else 'misses'} the {r['target_us']} us target)")
+            if "us_flag" in r:
+                lines.append(f"  flag hand-off on {r['nprog']} programs: {r['us_flag']:.3f} us "
+                             f"({'meets' if r.get('meets_target_flag') else 'misses'} the {r['target_us']} us target)")
     failed = [r for r in res if r.get("error")]
     if failed:
         lines.append(f"{len(failed)} row(s) with an error: " + "; ".join(
@@ -460,7 +486,10 @@ def plot(res, path) -> bool:
         ax.legend()
         ax = axes[-1][0]
     if hand:
-        ax.bar(range(len(hand)), [r["us_bar"] for r in hand])
+        ax.bar(range(len(hand)), [r["us_bar"] for r in hand], label="counter polled (grid_handoff)")
+        flag = [(i, r["us_flag"]) for i, r in enumerate(hand) if r.get("us_flag") is not None]
+        if flag:
+            ax.plot([i for i, _ in flag], [v for _, v in flag], "k*", label="flag polled (grid_handoff_flag)")
         ax.axhline(HANDOFF_TARGET_US, color="r", linestyle="--", label=f"target {HANDOFF_TARGET_US} us")
         ax.set_xticks(range(len(hand)), [f"{r['nprog']} programs" for r in hand])
         ax.set_ylabel("us a grid hand-off")

@@ -4,7 +4,8 @@ Each entry runs a stage the way a layer kernel calls it (grid = the resident pro
 shared among them) over L weight sets in a row (layer l reads w + l * w_lstride), with a grid
 hand-off after each when BAR is set (what a stage costs inside a layer: its own time plus one
 hand-off) or none (the stage's streaming rate). Used by the interpreter tests (L = 1, BAR off)
-and by `mono bench stages`.
+and by `mono bench stages`. gemv_entry's BAR 2 hands off with `handoff.grid_handoff_flag`
+instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm device).
 
   gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write)
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from mono_common.device.guard import poll, signal
 from mono_common.stages.gemv import gemv_span, gemv_tile
+from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.rope import hadamard, rope_apply
@@ -47,7 +49,7 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                N: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
-               PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr):
+               PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False):
     # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -64,7 +66,9 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT)
-        if BAR:
+        if BAR == 2:
+            grid_handoff_flag(bar_ptr, (li + 1) * nprog, AMD)
+        elif BAR:
             grid_handoff(bar_ptr, (li + 1) * nprog)
         # advanced as pointers (64-bit): L sets of a large weight pass 2^31 bytes
         wl += w_lstride

@@ -69,18 +69,24 @@ def alloc_out(plan: GemvPlan, L: int, device):
     return torch.zeros(L, plan.slots, plan.W, plan.N, dtype=torch.float32, device=device)
 
 
-def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrier: bool = False, xs=None):
-    """One launch over the L = w.shape[0] weight sets (`stages.entries.gemv_entry`)."""
+def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrier: bool = False, xs=None,
+                flag: bool = False):
+    """One launch over the L = w.shape[0] weight sets (`stages.entries.gemv_entry`); with
+    barrier a grid hand-off after each, `entries.grid_handoff` or with flag
+    `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words)."""
     import torch
 
     from mono_common.stages.entries import gemv_entry
     from mono_common.stages.gemv import FMT_BF16, FMT_FP8
+    from mono_common.stages.handoff import BAR_WORDS
 
     L, N, K = w.shape
     if (N, K) != (plan.N, plan.K) or x.shape != (plan.W, K) or tuple(out.shape[1:]) != (plan.slots, plan.W, N):
         raise ValueError(f"weights {tuple(w.shape)} / x {tuple(x.shape)} do not match the plan {plan}")
     if bar is None:
-        bar = torch.zeros(2, dtype=torch.int32, device=x.device)
+        bar = torch.zeros(BAR_WORDS, dtype=torch.int32, device=x.device)
+    if barrier and flag and bar.numel() < BAR_WORDS:
+        raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
     if barrier:
         bar.zero_()
     xq = xs is not None
@@ -91,7 +97,8 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         x, xs if xq else x, w, s, out, bar, L,
         N=N, K=K, W=plan.W, BM=plan.BM, BN=plan.BN, BLK=plan.BLK, KS=plan.KS, PER=plan.PER, SLOTS=plan.slots,
         SPAN=plan.span, FMT=FMT_FP8.value if fmt == "fp8" else FMT_BF16.value, XQ=xq, PRE=plan.pre, DOT=plan.dot,
-        BAR=barrier, num_warps=plan.num_warps, **coop)
+        BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
+        num_warps=plan.num_warps, **coop)
     return out
 
 

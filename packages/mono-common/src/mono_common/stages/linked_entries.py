@@ -9,7 +9,9 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
-  handoff_entry      N back-to-back grid hand-offs with no work between them
+  handoff_entry      N back-to-back grid hand-offs with no work between them: FLAG picks
+      `handoff.grid_handoff_flag` (its bar holds handoff.BAR_WORDS words) over `grid_handoff`
+      (AMD: its polling load for a ROCm device)
 
 bar_ptr: 2 int32 words (counter, spare zero), zero at launch; every hand-off a launch makes
 raises the counter by the grid, so a launch's targets are multiples of the grid. A linked
@@ -22,6 +24,7 @@ import triton
 import triton.language as tl
 
 from mono_common.stages.entries import grid_handoff
+from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.mla import mla_combine, mla_partial
 from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_write
 
@@ -77,7 +80,10 @@ def mla_entry(qabs_ptr, kv_ptr, topk_ptr, req_ptr, rtt_ptr, part_ptr, ml_ptr, at
 
 
 @triton.jit
-def handoff_entry(bar_ptr, N):
+def handoff_entry(bar_ptr, N, FLAG: tl.constexpr = False, AMD: tl.constexpr = False):
     nprog = tl.num_programs(0)
     for i in range(N):
-        grid_handoff(bar_ptr, (i + 1) * nprog)
+        if FLAG:
+            grid_handoff_flag(bar_ptr, (i + 1) * nprog, AMD)
+        else:
+            grid_handoff(bar_ptr, (i + 1) * nprog)

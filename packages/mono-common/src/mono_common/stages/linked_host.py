@@ -3,7 +3,7 @@
     topk = run_topk_linked(scores [W, n] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
     attn = run_mla(MlaPlan(W, NH, KVL, RD, TOPK), qabs, kv [S, KVL + RD] bf16, topk, req, rtt,
                    sm_scale, nprog, linked=False)                             # [W, NH, KVL] bf16
-    launch_handoffs(bar, n, nprog)
+    launch_handoffs(bar, n, nprog, flag=False)
 For timing, `topk_buffers` / `launch_topk_linked` and `mla_buffers` / `launch_mla` take L sets
 ([L, W, n] scores, [L, S, D] caches) with buffers made once. A launch that hands off zeroes its
 hand-off counter first (a memset before the kernel, captured with it in a graph) and is
@@ -18,6 +18,13 @@ import dataclasses
 
 def _coop(device) -> dict:
     return dict(launch_cooperative_grid=True) if device.type == "cuda" else {}
+
+
+def _amd(device) -> bool:
+    """A ROCm device (torch names it "cuda"): `handoff.grid_handoff_flag`'s AMD polling load."""
+    import torch
+
+    return device.type == "cuda" and torch.version.hip is not None
 
 
 @dataclasses.dataclass
@@ -126,10 +133,15 @@ def run_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, nprog: int
     return bufs["attn"].clone()
 
 
-def launch_handoffs(bar, n: int, nprog: int):
-    """One launch of n back-to-back grid hand-offs over nprog programs."""
+def launch_handoffs(bar, n: int, nprog: int, flag: bool = False):
+    """One launch of n back-to-back grid hand-offs over nprog programs: `entries.grid_handoff`,
+    or with flag `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words, the counter
+    at 0 and the flag at handoff.FLAG_WORD)."""
+    from mono_common.stages.handoff import BAR_WORDS
     from mono_common.stages.linked_entries import handoff_entry
 
+    if flag and bar.numel() < BAR_WORDS:
+        raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
     bar.zero_()
-    handoff_entry[(nprog,)](bar, n, **_coop(bar.device))
+    handoff_entry[(nprog,)](bar, n, FLAG=flag, AMD=_amd(bar.device), **_coop(bar.device))
     return bar

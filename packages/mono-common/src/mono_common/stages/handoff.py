@@ -1,0 +1,76 @@
+"""A grid hand-off whose waiters poll a flag with plain loads: the alternative to
+`entries.grid_handoff` that `mono bench stages` times beside it (issue 19; not yet measured).
+
+`entries.grid_handoff` has every program poll the arrival counter with an atomic RMW, and the
+arrivals are RMWs on the same word: RMWs on one address serialise at its L2 slice, so each
+arrival queues behind the polls of hundreds of programs. Here each program makes ONE RMW on
+the counter (its arrival); the last arriver publishes the hand-off in a separate flag word,
+which the others poll with volatile loads (reads do not serialise), then read once with an
+acquire RMW.
+
+bar_ptr: BAR_WORDS int32 words, zero at launch (the host zeroes the whole buffer): the counter
+at word 0 (word 1 a spare zero), the flag at word FLAG_WORD (another 128-byte line, so its
+polls do not share the counter's line; word FLAG_WORD + 1 a spare zero). Targets grow per
+hand-off as in `grid_handoff` (the k-th hand-off of a launch on nprog programs: k * nprog),
+compared modulo 2**32. Every program of the grid must be resident (a cooperative launch).
+Bench-only: no deadline, no abort flag (layers use `guard.wait_ge`).
+
+AMD (constexpr, set by the host for a ROCm device, by the compile tests for gfx950): the
+polling load also carries the ".cv" cache modifier. Triton's AMD backend drops `volatile` on
+its own (no cache bits), and LLVM then hoists the loop-invariant load out of the poll loop, a
+hang (seen in the gfx950 assembly); with ".cv" the load is re-issued each iteration with
+sc0 sc1 (past the CU's cache). NVIDIA must not have it: ptxas refuses `.volatile` with `.cv`.
+"""
+
+import triton
+import triton.language as tl
+
+FLAG_WORD = tl.constexpr(32)  # 128 bytes past the counter
+BAR_WORDS = 64  # int32 words of a bar buffer that either hand-off can use
+
+
+@triton.jit
+def _peek(flag, first, AMD: tl.constexpr):
+    """The flag word's value by a plain (non-RMW) load that is re-issued every call."""
+    if AMD:
+        v = tl.load(flag, volatile=True, cache_modifier=".cv")
+    else:
+        v = tl.load(flag, volatile=True)
+    return tl.sum(tl.where(first, v, 0), 0)
+
+
+@triton.jit
+def grid_handoff_flag(bar_ptr, target, AMD: tl.constexpr = False):
+    """Arrive on the counter at bar_ptr; the program that makes it `target` publishes `target`
+    in the flag word, the others wait for it there."""
+    # 2-lane shapes with a masked spare lane: a single-lane atomic or volatile load polled in a
+    # loop has hung on gfx950 (guard's comments); the results reach every warp through tl.sum.
+    lane = tl.arange(0, 2)
+    first = lane == 0
+    tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
+    ones = tl.full([2], 1, tl.int32)
+    # every thread's writes of the stage before the one thread's arrival (as guard.signal)
+    tl.debug_barrier()
+    # acq_rel, not only release: the last arriver's release of the flag must carry every other
+    # program's writes, and it does only if its arrival acquires their release-adds (the RMWs
+    # on the counter form one release sequence, so the last RMW reads from all of them; then
+    # happens-before is transitive: writes -> their add -> last add -> flag store -> reader)
+    old = tl.atomic_add(bar_ptr + lane, ones, mask=first, sem="acq_rel", scope="gpu")
+    prev = tl.sum(tl.where(first, old, 0), 0)
+    flag = bar_ptr + FLAG_WORD + lane
+    if prev == tgt - 1:
+        tl.atomic_xchg(flag, ones * tgt, mask=first, sem="release", scope="gpu")
+    else:
+        # Relaxed polling: a volatile load is a plain (non-RMW) read at the L2, so hundreds of
+        # waiters do not serialise with each other or with the publisher. It orders nothing,
+        # so one acquire RMW of the flag follows: by coherence it reads the published value
+        # (or a later one, impossible before this program arrives again), i.e. it reads from
+        # the release exchange and synchronises with it. Equality, not >=: the flag holds the
+        # previous target until this one, never more while this program has not arrived again.
+        cur = _peek(flag, first, AMD)
+        while cur != tgt:
+            cur = _peek(flag, first, AMD)
+        tl.atomic_add(flag, ones * 0, mask=first, sem="acquire", scope="gpu")
+    # one verdict a program (prev and cur are program values): every warp leaves together,
+    # and the threads that did not make the acquire read order their data reads after it
+    tl.debug_barrier()
