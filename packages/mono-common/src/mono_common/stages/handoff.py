@@ -71,6 +71,8 @@ def grid_handoff_flag(bar_ptr, target, AMD: tl.constexpr = False):
         while cur != tgt:
             cur = _peek(flag, first, AMD)
         tl.atomic_add(flag, ones * 0, mask=first, sem="acquire", scope="gpu")
-    # one verdict a program (prev and cur are program values): every warp leaves together,
-    # and the threads that did not make the acquire read order their data reads after it
+    # prev is a program value (one branch a program); in the poll each warp reads the flag
+    # itself, but it only leaves on the target and the loop holds no barrier, so warps that
+    # see it at different times cannot pair barriers across code. Here every warp leaves
+    # together, and the threads that did not make the acquire read order their reads after it.
     tl.debug_barrier()
