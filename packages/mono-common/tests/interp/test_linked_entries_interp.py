@@ -14,23 +14,7 @@ from mono_common.ref.mla import sparse_mla, topk_to_slots  # noqa: E402
 from mono_common.ref.topk import topk_index_order  # noqa: E402
 from mono_common.stages import linked_host as LH  # noqa: E402
 from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, grid_handoff_flag  # noqa: E402
-
-
-def mla_inputs(plan, ctx, page, gen, short_row=None):
-    """qabs (bf16 values), a paged cache of W requests x ctx tokens in shuffled pages, and
-    each row's TOPK distinct positions in index order (short_row: that row has fewer than TOPK
-    tokens and selects them all, then -1)."""
-    W, D = plan.W, plan.KVL + plan.RD
-    q = torch.randn(W, plan.NH, D, generator=gen).bfloat16().float()
-    kv = torch.randn(W * ctx, D, generator=gen).bfloat16()
-    pages = torch.randperm(W * ctx // page, generator=gen).view(W, ctx // page)
-    rtt = (pages[:, :, None] * page + torch.arange(page)).reshape(W, ctx).int()
-    topk = torch.stack([torch.randperm(ctx, generator=gen)[:plan.TOPK].sort().values for _ in range(W)]).int()
-    if short_row is not None:
-        n = plan.TOPK // 2 + 3
-        topk[short_row] = torch.where(torch.arange(plan.TOPK) < n, torch.arange(plan.TOPK), -1).int()
-    req = torch.arange(W, dtype=torch.int64)
-    return q, kv, topk, req, rtt
+from mono_common.testing.stage_inputs import mla_inputs  # noqa: E402
 
 
 def mla_rel_err(plan, got, q, kv, topk, req, rtt, scale):

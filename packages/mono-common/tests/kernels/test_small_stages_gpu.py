@@ -17,6 +17,7 @@ from mono_common.ref.routing import biased_topk  # noqa: E402
 from mono_common.ref.topk import order_keys, topk_index_order  # noqa: E402
 from mono_common.stages import linked_host as LH  # noqa: E402
 from mono_common.stages import small_host as H  # noqa: E402
+from mono_common.testing.stage_inputs import mla_inputs  # noqa: E402
 
 # GLM-5.3 (mono_glm53.config.REAL): index_topk 2048, 64 heads (8 a TP8 rank), kv_lora 512,
 # qk_rope 64, softmax scale (192 + 64) ** -0.5, 256 experts top-8, q_lora 2048, index heads
@@ -63,22 +64,6 @@ def check_topk(dev, n, rows, k, nprog, ties, seed=0):
                     assert set(row.tolist()) == set(torch.topk(scores[m, :nm], k).indices.tolist()), (form, m)
             # and in order: above the threshold in index order, then its ties in index order
             assert row.tolist() == want[m].tolist(), (form, m)
-
-
-def mla_inputs(plan, ctx, page, gen, short_row=None):
-    """qabs (bf16 values, as the layer's absorb stage writes them), a latent cache of W requests
-    x ctx tokens in shuffled pages, each row's TOPK distinct positions in index order (short_row:
-    that row has fewer than TOPK tokens and selects them all, then -1)."""
-    W, D = plan.W, plan.KVL + plan.RD
-    q = torch.randn(W, plan.NH, D, generator=gen).bfloat16().float()
-    kv = torch.randn(W * ctx, D, generator=gen).bfloat16()
-    pages = torch.randperm(W * ctx // page, generator=gen).view(W, ctx // page)
-    rtt = (pages[:, :, None] * page + torch.arange(page)).reshape(W, ctx).int()
-    topk = torch.stack([torch.randperm(ctx, generator=gen)[:plan.TOPK].sort().values for _ in range(W)]).int()
-    if short_row is not None:
-        n = plan.TOPK // 2 + 3
-        topk[short_row] = torch.where(torch.arange(plan.TOPK) < n, torch.arange(plan.TOPK), -1).int()
-    return q, kv, topk, torch.arange(W, dtype=torch.int64), rtt
 
 
 def check_mla(dev, plan, ctx, page, nprog, linked, scale=MLA_SCALE, seed=0):
