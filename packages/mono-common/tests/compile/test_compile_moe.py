@@ -2,7 +2,8 @@
 in one launch, grid hand-offs between them and after each step) compiles for gfx950 and sm_90
 on the CPU with zero spills at GLM-5.3's rank shapes (hidden 6144, 256 experts top-8 + the
 shared one; intermediate 256 a TP8 rank, 512 a TP4 rank) and the layer's tiling, and fits the
-resident grid (2 programs per SM on sm_90, 1 per CU on gfx950)."""
+resident grid (2 programs per SM on sm_90, 1 per CU on gfx950); so does the stream-K gate_up
+(MoePlan span, a bench variant) at the TP8 rank."""
 
 import pytest
 
@@ -28,10 +29,26 @@ def test_moe_entry_compiles_without_spills(target, case, record_property):
     inter, rows = case
     p = MoePlan.make(6144, inter, 256, 8, rows, GRID[target])
     ce = dict(W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
-              KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True)
+              KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, SPAN=p.span, PER=p.PER)
     # as a launch compiles: no AMD buffer ops, Triton's default pipelining depth per ISA
     res = cc.compile_kernel(moe_entry, SIG, ce, target, num_warps=p.num_warps, pointer_align=16,
                             num_stages=STAGES[target], amd_buffer_ops=False)
     record_property("resources", f"moe I{inter} r{rows} KSG {p.KSG}: {cc.format_resources(res)}")
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_moe_entry_span_compiles_without_spills(target, rows, record_property):
+    from mono_common.stages.entries import moe_entry
+    from mono_common.stages.moe_host import MoePlan
+
+    p = MoePlan.make(6144, 256, 256, 8, rows, GRID[target], span=True)
+    ce = dict(W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
+              KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, SPAN=True, PER=p.PER)
+    res = cc.compile_kernel(moe_entry, SIG, ce, target, num_warps=p.num_warps, pointer_align=16,
+                            num_stages=STAGES[target], amd_buffer_ops=False)
+    record_property("resources", f"moe span I256 r{rows} PER {p.PER} KSG {p.KSG}: {cc.format_resources(res)}")
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)

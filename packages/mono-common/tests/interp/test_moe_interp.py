@@ -1,7 +1,9 @@
 """The library's MoE expert stage (mono_common.stages.moe) under the interpreter against its
 reference (mono_common.ref.moe) at a tiny shape, staged (one launch a stage), over slot
 patterns: distinct experts per row, one expert shared by every row, zero weights, one slot,
-empty lists (the shared expert alone), and two steps of one launch reading different lists."""
+empty lists (the shared expert alone), and two steps of one launch reading different lists;
+the same patterns with gate_up as stream-K spans (MoePlan span), against the reference and the
+tile form."""
 
 import pytest
 
@@ -82,6 +84,49 @@ def test_moe_stage_matches_the_reference(pattern, W, K, ksg):
     _compare(got, want)
 
 
+# the stream-K gate_up (MoePlan span): nprog 3 -> spans of 3 items, a column tile's K blocks
+# split between two spans; nprog 5 -> spans of 2, one tile each; per 1 -> each K block its own
+# span (the most partial slots); nprog 2 with per 1 -> more spans than programs
+SPAN_CASES = [("distinct", 3, 4, 3, None), ("distinct", 2, 4, 5, None), ("same-experts", 3, 4, 3, 1),
+              ("overlap", 4, 3, 2, 1), ("distinct", 1, 1, 3, None), ("empty", 2, 2, 3, None)]
+
+
+@pytest.mark.parametrize("pattern,W,K,nprog,per", SPAN_CASES,
+                         ids=["distinct", "distinct-5prog", "same-experts-per1", "overlap-zero-weight-2prog",
+                              "one-slot", "shared-only"])
+def test_moe_span_gateup_matches_the_reference_and_the_tiles(pattern, W, K, nprog, per):
+    g = torch.Generator().manual_seed(W * 10 + K)
+    experts, shared = _weights(1)
+    ids, wts = _lists(pattern, W, K, g)
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=nprog, span=True, per=per)
+    assert plan.span and plan.BN == 128 and plan.KSG == 2
+    got = run_moe(plan, x, ids[None], wts[None], experts, shared, SCALE, staged=True)[0]
+    want = moe_over_slots(x, ids, wts, experts, tuple(t[0] for t in shared), SCALE)
+    _compare(got, want)
+    tiles = run_moe(MoePlan.make(H, I, E, K, W, nprog=nprog), x, ids[None], wts[None], experts, shared, SCALE,
+                    staged=True)[0]
+    _compare(got, tiles)
+
+
+def test_moe_span_steps_leave_no_stale_partials():
+    # two steps share gu: a step with many slots then one with few (one of them empty lists)
+    # must not read the first step's partials
+    g = torch.Generator().manual_seed(13)
+    W, K, L = 2, 3, 2
+    experts, shared = _weights(L, seed=2)
+    a = _lists("distinct", W, K, g)
+    b = _lists("empty", W, K, g)
+    ids = torch.stack([a[0], b[0]])
+    wts = torch.stack([a[1], b[1]])
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=3, span=True, per=1)
+    got = run_moe(plan, x, ids, wts, experts, shared, SCALE, staged=True)
+    for li in range(L):
+        want = moe_over_slots(x, ids[li], wts[li], experts, tuple(t[li] for t in shared), SCALE)
+        _compare(got[li], want)
+
+
 def test_moe_stage_slot_tables():
     # slot 0 the shared expert, then each selected expert once in id order; a row's weight of
     # an expert it did not select is 0
@@ -124,3 +169,17 @@ def test_plan_refuses_bad_shapes():
         MoePlan.make(200, I, E, 2, 1, 4)
     with pytest.raises(ValueError, match="does not divide"):
         MoePlan.make(H, I, E, 2, 1, 4, ksg=3)
+    with pytest.raises(ValueError, match="no split-K"):
+        MoePlan.make(H, I, E, 2, 1, 4, span=True, ksg=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        MoePlan.make(H, I, E, 2, 1, 4, span=True, per=0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        MoePlan.make(H, I, E, 2, 1, 4, span=True, bn=100)
+
+
+def test_span_plan_partials_and_default_span_length():
+    # the GLM-5.3 TP8 rank on the H200's 264 programs: 9 slots of 4 x 48 items over the grid
+    p = MoePlan.make(6144, 256, 256, 8, 1, 264, span=True)
+    assert (p.BN, p.PER, p.KSG) == (128, 7, 8)
+    p = MoePlan.make(6144, 256, 256, 8, 1, 264)  # the tile form as before
+    assert (p.span, p.BN, p.KSG) == (False, 64, 4)

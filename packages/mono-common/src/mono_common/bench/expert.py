@@ -10,6 +10,9 @@ each step has its own shared expert, so no step finds its weights in the L2. Eac
 is drawn at random from its step's window (rows overlap as decode batches do, by chance).
 
     rows = bench_expert(torch, dev, nprog, ceiling, replays)     # ceiling as read_ceiling_tbs
+
+Each (shape, rows) is timed once per EXPERT_VARIANTS entry (`variants` picks some), each row
+naming its variant.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ EXPERT_SHAPES = {
     "glm53-tp4": (6144, 2048 // 4, 256, 8),
 }
 ROTATE_BYTES = 256 << 20  # > 3x the H200's 60 MB L2 (and MI355X's 4 MB L2 x 8 XCDs + 256 MB MALL)
+# name -> MoePlan.make options, timed side by side on the same lists, x and weights: "fused" the
+# layer's form (64-column split-K gate_up tiles on bf16 MMAs), "span" gate_up as 128-column
+# stream-K spans on e4m3 MMAs (the dense GEMV's faster form; not yet measured on a GPU)
+EXPERT_VARIANTS = {
+    "fused": dict(),
+    "span": dict(span=True),
+}
 
 
 def _fp8_bits(torch, shape, device, gen):
@@ -54,11 +64,13 @@ def _steps(torch, E, K, rows, per_step, gen, device):
     return ids, wts
 
 
-def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1, 2, 8), check=True) -> list[dict]:
-    """One row per (shape, rows): keys as `bench.stages.bench_gemv`'s rows (stage, shape, rows,
-    variant, BN, KS, PER, L, bytes, floor_us, us_bar / frac_bar with a hand-off after each
-    step, us_nobar / frac_nobar without, rel_err, error, seconds) plus experts (distinct routed
-    experts a step, mean) and slots. `ceiling`: the read ceiling in TB/s, as
+def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1, 2, 8), check=True,
+                 variants=None) -> list[dict]:
+    """One row per (shape, rows, variant of EXPERT_VARIANTS: all unless `variants` names some):
+    keys as `bench.stages.bench_gemv`'s rows (stage, shape, rows, variant, BN, KS, PER, L,
+    bytes, floor_us, us_bar / frac_bar with a hand-off after each step, us_nobar / frac_nobar
+    without, rel_err, error, seconds) plus experts (distinct routed experts a step, mean) and
+    slots; KS is the gate_up partial count (split-K factor, or the span form's partial slots). `ceiling`: the read ceiling in TB/s, as
     `bench.ceiling.read_ceiling_tbs` returns it (a value in bytes/s is taken as such)."""
     from mono_common.graph_timing import graph_median_us
     from mono_common.ref.moe import moe_over_slots
@@ -77,7 +89,6 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
                    _fp8_bits(torch, (E, H, I), dev, gen),
                    torch.rand((E, H // 128, -(-I // 128)), generator=gen, device=dev) * 1e-3 + 1e-4)
         for rows in rows_list:
-            t0 = time.time()
             # routed experts, the shared one, x and its scales in, the output out
             act = rows * H * 2 + rows * (H // 128) * 4 + rows * H * 2
             ids, wts = _steps(torch, E, K, rows, lambda d, eb=eb, act=act: (d + 1) * eb + act, cpu_gen, dev)
@@ -85,10 +96,9 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
             distinct = [ids[li].unique().numel() for li in range(L)]
             nbytes = sum((d + 1) * eb + act for d in distinct) / L
             floor_us = nbytes / bps * 1e6
-            plan = MoePlan.make(H, I, E, K, rows, nprog)
-            row = dict(stage="moe_expert", shape=f"{name} {H}x{I} E{E} top{K}", rows=rows, variant="fused",
-                       nprog=nprog, BN=plan.BN, KS=plan.KSG, PER=0, L=L, experts=sum(distinct) / L,
-                       slots=plan.NSLOT, bytes=nbytes, floor_us=floor_us)
+            # one set of inputs for every variant, so their rows differ by the kernel alone
+            shared = x = xq = xs = None
+            data_error = None
             try:
                 shared = (_fp8_bits(torch, (L, 2 * I, H), dev, gen),
                           torch.rand((L, -(-2 * I // 128), H // 128), generator=gen, device=dev) * 1e-3 + 1e-4,
@@ -96,32 +106,45 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
                           torch.rand((L, H // 128, -(-I // 128)), generator=gen, device=dev) * 1e-3 + 1e-4)
                 x = torch.randn((rows, H), generator=gen, device=dev).to(torch.bfloat16)
                 xq, xs = quantise_x(x)
-                bufs = alloc_buffers(plan, L, dev)
-                tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
-                if check:
-                    launch_moe(plan, xq, xs, ids, wts, experts, shared, 2.5, bufs, tab=tab)
-                    uniq = ids[0].unique()
-                    sub = tuple(t.index_select(0, uniq.long()).cpu() for t in experts)
-                    # the reference on the CPU: a CUDA-side reference is not what is being checked
-                    ref = moe_over_slots(x.cpu(), torch.searchsorted(uniq, ids[0]).cpu(), wts[0].cpu(), sub,
-                                         tuple(t[0].cpu() for t in shared), 2.5).double()
-                    err = ((bufs["out"][0].double().cpu() - ref).norm() / ref.norm()).item()
-                    row["rel_err"] = err
-                    if not err < 2e-3:
-                        row["error"] = f"relative error {err:.3g} vs the CPU reference"
-                for tag, b in (("bar", True), ("nobar", False)):
-                    def step(xq=xq, xs=xs, ids=ids, wts=wts, ex=experts, sh=shared, bufs=bufs, tab=tab, b=b, plan=plan):
-                        launch_moe(plan, xq, xs, ids, wts, ex, sh, 2.5, bufs, barrier=b, tab=tab)
+            except Exception as e:  # reported on every variant's row, not fatal
+                data_error = f"{type(e).__name__}: {e}"[:300]
+            for vname in variants or EXPERT_VARIANTS:
+                t0 = time.time()
+                row = dict(stage="moe_expert", shape=f"{name} {H}x{I} E{E} top{K}", rows=rows, variant=vname,
+                           nprog=nprog, L=L, experts=sum(distinct) / L, bytes=nbytes, floor_us=floor_us)
+                try:
+                    if data_error:
+                        raise RuntimeError(data_error)
+                    plan = MoePlan.make(H, I, E, K, rows, nprog, **EXPERT_VARIANTS[vname])
+                    row.update(BN=plan.BN, KS=plan.KSG, PER=plan.PER if plan.span else 0, slots=plan.NSLOT)
+                    bufs = alloc_buffers(plan, L, dev)
+                    tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
+                    if check:
+                        launch_moe(plan, xq, xs, ids, wts, experts, shared, 2.5, bufs, tab=tab)
+                        uniq = ids[0].unique()
+                        sub = tuple(t.index_select(0, uniq.long()).cpu() for t in experts)
+                        # the reference on the CPU: a CUDA-side reference is not what is being checked
+                        ref = moe_over_slots(x.cpu(), torch.searchsorted(uniq, ids[0]).cpu(), wts[0].cpu(), sub,
+                                             tuple(t[0].cpu() for t in shared), 2.5).double()
+                        err = ((bufs["out"][0].double().cpu() - ref).norm() / ref.norm()).item()
+                        row["rel_err"] = err
+                        if not err < 2e-3:
+                            row["error"] = f"relative error {err:.3g} vs the CPU reference"
+                    for tag, b in (("bar", True), ("nobar", False)):
+                        def step(xq=xq, xs=xs, ids=ids, wts=wts, ex=experts, sh=shared, bufs=bufs, tab=tab, b=b,
+                                 plan=plan):
+                            launch_moe(plan, xq, xs, ids, wts, ex, sh, 2.5, bufs, barrier=b, tab=tab)
 
-                    us = graph_median_us(step, 1, replays, warmup=3) / L
-                    row[f"us_{tag}"] = us
-                    row[f"frac_{tag}"] = floor_us / us
-                del shared, bufs
-            except Exception as e:  # a shape that fails to build or run is reported, not fatal
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
-            row["seconds"] = round(time.time() - t0, 1)
-            res.append(row)
-            _print_row(row)
+                        us = graph_median_us(step, 1, replays, warmup=3) / L
+                        row[f"us_{tag}"] = us
+                        row[f"frac_{tag}"] = floor_us / us
+                    del bufs
+                except Exception as e:  # a shape that fails to build or run is reported, not fatal
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                row["seconds"] = round(time.time() - t0, 1)
+                res.append(row)
+                _print_row(row)
+            del shared
         del experts
         torch.cuda.empty_cache()
     return res
@@ -129,9 +152,10 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
 
 def _print_row(r):
     if "us_bar" in r:
-        print(f"{r['stage']} {r['shape']} rows {r['rows']} L {r['L']} experts {r['experts']:.1f}: "
+        print(f"{r['stage']} {r['shape']} rows {r['rows']} {r['variant']} L {r['L']} experts {r['experts']:.1f}: "
               f"{r['us_bar']:7.2f} us ({100 * r['frac_bar']:5.1f} %)  no hand-off {r['us_nobar']:7.2f} us "
               f"({100 * r['frac_nobar']:5.1f} %)  floor {r['floor_us']:.2f} us  "
               f"rel_err {r.get('rel_err', float('nan')):.1e} {r.get('error', '')} [{r['seconds']} s]", flush=True)
     else:
-        print(f"{r['stage']} {r['shape']} rows {r['rows']} FAILED: {r.get('error')}", flush=True)
+        print(f"{r['stage']} {r['shape']} rows {r['rows']} {r.get('variant', '')} FAILED: {r.get('error')}",
+              flush=True)

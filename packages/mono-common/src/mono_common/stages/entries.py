@@ -144,7 +144,7 @@ def _moe_step(tab, li, arrived, routed_scale,
               W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
               K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
-              LAST: tl.constexpr, BAR: tl.constexpr):
+              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
     """Step li of `moe_entry`; `arrived`: the hand-off count so far (returned updated)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -167,7 +167,7 @@ def _moe_step(tab, li, arrived, routed_scale,
         moe_gateup(pid, nprog, used, csum, nu, _tp(tab, MOE_XQ, tl.bfloat16), _tp(tab, MOE_XS, f32),
                    _tp(tab, MOE_W13, u8), _tp(tab, MOE_S13, f32), _tp(tab, MOE_WSH13, u8) + l64 * sh13_l,
                    _tp(tab, MOE_SSH13, f32) + l64 * ss13_l, _tp(tab, MOE_GU, f32), W, BM, H, E, I, BN, BLK, KSG,
-                   NSLOT)
+                   NSLOT, SPAN, PER)
     if FIRST <= 0 and LAST >= 1:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
@@ -193,7 +193,7 @@ def moe_entry(tab, routed_scale, L0, L,
               W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
               K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
-              LAST: tl.constexpr, BAR: tl.constexpr):
+              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
     """Stages FIRST..LAST of `stages.moe` (0 gate_up, 1 SiLU, 2 down) for steps L0..L0+L-1.
     Step l reads its lists ids / wts [l] [W, K], the routed experts they name from the one pool
     w13 / w2 (lists naming other experts each step rotate the reads through it) and its own
@@ -201,11 +201,12 @@ def moe_entry(tab, routed_scale, L0, L,
     (gu, inter) is shared. Consecutive stages are linked by grid hand-offs (every program must
     be resident); one launch a stage needs none (the interpreter's mode). BAR adds one after
     each step's down. The tensors come in a pointer table (`MOE_*` slots), as the layer's do:
-    as twenty pointer arguments they would hold gfx950's scalar registers through every stage."""
+    as twenty pointer arguments they would hold gfx950's scalar registers through every stage.
+    SPAN / PER: gate_up as stream-K spans (`stages.moe.moe_gateup`), a bench variant."""
     arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
     # no loop-invariant code motion: the lane masks and offsets of the three stages do not
     # change from step to step, and hoisted out of the loop they held gfx950's scalar registers
     # through every stage (40 SGPR spills at the TP8 rank shape, 2 rows)
     for li in tl.range(L0, L0 + L, disable_licm=True):
         arrived = _moe_step(tab, li, arrived, routed_scale, W, BM, WP2, H, E, K, I, BN, BND, BI, BLK, KSG, NSLOT,
-                            FIRST, LAST, BAR)
+                            FIRST, LAST, BAR, SPAN, PER)

@@ -15,7 +15,8 @@ Layouts (row-major, as SGLang leaves block-FP8 experts after loading on CUDA; BL
   slot tables, written by `fill_slots` (program 0), read after a hand-off:
         slot_e [NSLOT] int32 expert id of slot u >= 1; slot_w [W, NSLOT] fp32 each row's routing
         weight of slot u; nslot [1] int32 = 1 + nu (slots in use). NSLOT >= 1 + min(E, W * top-k).
-  gu    [NSLOT, KSG, W, 2I] fp32 gate_up split-K partials (slot-major)
+  gu    [NSLOT, KSG, W, 2I] fp32 gate_up split-K partials (slot-major); under SPAN the
+        stream-K span partials, KSG of them a column tile (unwritten ones stay zero)
   inter [NSLOT, W, I] SiLU(g) * u quantised for down (e4m3 values as bf16), inters [NSLOT, W,
         I // BLK] fp32 scales
   out   [W, H] bf16 = bf16(bf16(sum over routed slots of bf16(y_u * w_u)) * routed_scale) + y_0
@@ -34,7 +35,7 @@ timing. Reference: `mono_common.ref.moe`.
 import triton
 import triton.language as tl
 
-from mono_common.stages.gemv import gemv_tile
+from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
 from mono_common.stages.numerics import bf16r, div_rn, dot, quant_blocks, rbf
 
 
@@ -79,25 +80,65 @@ def fill_slots(pid, wmat, used, slot_e_ptr, slot_w_ptr, nslot_ptr,
 @triton.jit
 def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
-               BN: tl.constexpr, BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr):
+               BN: tl.constexpr, BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr,
+               SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
     """gate_up of every slot in use: split-K tiles (slot, BN-column tile, K slice) shared among
     the programs, partials to gu. The expert of slot u comes from (used, csum) in registers,
-    so no program waits for the slot tables."""
+    so no program waits for the slot tables.
+
+    SPAN (a bench variant, not yet measured): each slot's [2I, H] block as `gemv_span` stream-K
+    spans of PER (BN-column tile, K block) items, swap-AB e4m3 MMAs on the pre-quantised x;
+    KSG is then the partial slots a column tile can receive (`gemv.span_slots`), which the SiLU
+    stage sums as it sums split-K partials."""
     e = tl.arange(0, E)
     NT: tl.constexpr = (2 * I + BN - 1) // BN
     EB13: tl.constexpr = 2 * I * H
     SB13: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
-    for t in range(pid, NSLOT * NT * KSG, nprog):
-        u = t // (NT * KSG)
-        r = t % (NT * KSG)
-        if u <= nu:
-            if u == 0:
-                gemv_tile(r, xq_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
-                          xs_ptr, True)
-            else:
-                ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
-                gemv_tile(r, xq_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
-                          gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True)
+    if SPAN:
+        _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr,
+                      gu_ptr, W, BM, H, I, BN, BLK, KSG, PER)
+    else:
+        for t in range(pid, NSLOT * NT * KSG, nprog):
+            u = t // (NT * KSG)
+            r = t % (NT * KSG)
+            if u <= nu:
+                if u == 0:
+                    gemv_tile(r, xq_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
+                              xs_ptr, True)
+                else:
+                    ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
+                    gemv_tile(r, xq_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
+                              gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True)
+
+
+@triton.jit
+def _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
+                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
+                  BLK: tl.constexpr, KSG: tl.constexpr, PER: tl.constexpr):
+    """`moe_gateup`'s stream-K form. Slot u has S spans of PER items; its span j is number
+    u * S + j of one sequence over the slots in use, dealt round-robin over the programs: the
+    busiest program then runs at most one span more than the least busy, whatever the slot
+    count (a per-slot deal would leave the same programs idle in every slot). Which program
+    runs a span never changes what it writes (partial slot j - first span of its tile, in
+    `gemv_span`), so the written partials are the same every step, the unwritten ones stay zero
+    as allocated, and the SiLU stage's fixed-order sum does not depend on the grid or timing."""
+    NKB: tl.constexpr = H // BLK
+    S: tl.constexpr = ((2 * I + BN - 1) // BN * NKB + PER - 1) // PER
+    EB13: tl.constexpr = 2 * I * H
+    SB13: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
+    for u in range(0, nu + 1):
+        ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
+        if u == 0:
+            wb = wsh13_ptr
+            sb = ssh13_ptr
+        else:
+            wb = w13_ptr + ex * EB13
+            sb = s13_ptr + ex * SB13
+        # the first span of slot u this program runs: (u * S + j) % nprog == pid
+        j0 = (pid + nprog - (u * S) % nprog) % nprog
+        for j in range(j0, S, nprog):
+            gemv_span(j, xq_ptr, H, wb, sb, gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, PER,
+                      FMT_FP8, xs_ptr, True, False, DOT_WX_FP8)
 
 
 @triton.jit

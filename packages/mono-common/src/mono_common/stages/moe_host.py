@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mono_common.stages.gemv import pick_split_k
+from mono_common.stages.gemv import pick_split_k, span_slots
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -36,8 +36,10 @@ class MoePlan:
     BND: int = 32  # down column tile
     BI: int = 128  # SiLU column block
     BLK: int = 128
-    KSG: int = 1  # gate_up split-K
+    KSG: int = 1  # gate_up split-K (span: the partial slots a column tile can receive)
     num_warps: int = 4
+    span: bool = False  # gate_up as stream-K spans (`moe._gateup_spans`); a bench variant
+    PER: int = 1  # (column tile, K block) items a gate_up span (span only)
 
     @property
     def BM(self) -> int:
@@ -53,8 +55,12 @@ class MoePlan:
         return 1 + min(self.E, self.W * self.K)
 
     @staticmethod
-    def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int = 64, bnd: int = 32,  # noqa: E741
-             blk: int = 128, ksg: int | None = None, num_warps: int = 4) -> MoePlan:
+    def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int | None = None, bnd: int = 32,  # noqa: E741
+             blk: int = 128, ksg: int | None = None, num_warps: int = 4, span: bool = False,
+             per: int | None = None) -> MoePlan:
+        """`span`: gate_up as stream-K spans of `per` items (default: the shared expert's and one
+        row's top-k items over the grid, as split-K picks its factor), BN 128 unless given;
+        else split-K tiles, BN 64 unless given."""
         if H % blk or H % bnd:
             raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
         if E & (E - 1):
@@ -62,6 +68,20 @@ class MoePlan:
         bi = min(128, I)
         if I % bi or bi % blk:
             raise ValueError(f"intermediate {I} does not split into {bi}-column SiLU blocks of {blk}-groups")
+        if span:
+            bn = 128 if bn is None else bn
+            if bn % 16 or bn > 2 * blk:
+                raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
+            if ksg is not None:
+                raise ValueError("the span form has no split-K factor (its partial count follows from per)")
+            if per is None:
+                # the items of the shared expert and one row's top-k cut over the grid: one span a
+                # program at one row; more rows use more slots, and the spans are dealt round-robin
+                per = _cdiv((1 + K) * _cdiv(2 * I, bn) * (H // blk), nprog)
+            if per < 1:
+                raise ValueError(f"span length {per} must be at least 1")
+            return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, span_slots(H, blk, per), num_warps, True, per)
+        bn = 64 if bn is None else bn
         if ksg is None:
             # as the GLM-5.3 layer: tiles of the shared expert and one row's top-k cover the grid
             ksg = pick_split_k(_cdiv(2 * I, bn) * (1 + K), H // blk, nprog)
@@ -162,7 +182,8 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
             moe_entry[(p.nprog,)](
                 tab, float(routed_scale), l0, n,
                 W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
-                KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, num_warps=p.num_warps, **coop)
+                KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, SPAN=p.span, PER=p.PER,
+                num_warps=p.num_warps, **coop)
     return bufs["out"]
 
 
