@@ -17,6 +17,7 @@ at a barrier; the checked launches come after it (a rank still compiling would o
 leave its peers waiting past a short deadline).
 """
 
+import faulthandler
 import hashlib
 import sys
 import time
@@ -56,11 +57,16 @@ def main():
     from mono_glm53.kernels.numerics import failures
     from mono_glm53.weights import make_weights, shard_weights
 
-    full = make_weights(REAL, device=dev, seed=0)
+    # The ranks make the whole layer's weights one after another: eight full copies at once
+    # (~14 GB each while sharding) ran the one H200 out of memory at TP 8.
     mine = [rank] if rank else list(range(world))  # rank 0 keeps every shard for the reference
-    shards = {q: shard_weights(full, REAL, world, q) for q in mine}
-    del full
-    torch.cuda.empty_cache()
+    for turn in range(world):
+        if turn == rank:
+            full = make_weights(REAL, device=dev, seed=0)
+            shards = {q: shard_weights(full, REAL, world, q) for q in mine}
+            del full
+            torch.cuda.empty_cache()
+        dist.barrier(group)
     shape, w = shards[rank]
 
     # the serving path: peers over the group, the launcher as build makes it
@@ -95,15 +101,22 @@ def main():
         run(c, step, caches)  # compiles
         torch.cuda.synchronize()
         guard.check(synchronize=False)
+        print(f"rank {rank}: width {width} compiled and ran", flush=True)
         dist.barrier(group)
         k = launcher.kernel(LAYER, width, step.max_seq_len)
 
         if case == "fault":
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
             k.stall = fault_stage(rank, "rank1:stage12")  # what MONO_GLM53_FAULT sets at build
-            guard.deadline = deadline_ticks(SHORT_S if rank == 1 else LONG_S, guard.clock)
+            # the kernel's own deadline (a launch argument): the guard's is read once, when
+            # the launcher builds the kernel, so setting it now would change nothing
+            k.deadline = deadline_ticks(SHORT_S if rank == 1 else LONG_S, guard.clock)
             dist.barrier(group)
             t0 = time.monotonic()
+            # a rank still inside long after every deadline prints where it is (the parent
+            # shows each rank's log tail when it kills the ranks)
+            faulthandler.dump_traceback_later(LONG_S + 20.0, exit=False)
+            print(f"rank {rank}: fault launch", flush=True)
             try:  # in report mode the launch itself may check its guard and raise
                 run(c, step, caches)
                 torch.cuda.synchronize()
@@ -114,9 +127,11 @@ def main():
                 result.update(stopped=True, message=str(e), code=wd.code, stage=wd.stage, word_rank=wd.rank,
                               origin=wd.origin, flag=int(guard.abort[0, 0].item()), stamp=int(wd.stamp))
             result["wall_s"] = time.monotonic() - t0
+            faulthandler.cancel_dump_traceback_later()
+            print(f"rank {rank}: fault launch returned after {result['wall_s']:.3f} s", flush=True)
             break
 
-        guard.deadline = deadline_ticks(RUN_S, guard.clock)
+        k.deadline = deadline_ticks(RUN_S, guard.clock)
         outs, digests = [], []
         for _ in range(3):  # epochs 2..4: both mailbox halves, then the first again
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())

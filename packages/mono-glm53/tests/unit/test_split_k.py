@@ -49,9 +49,16 @@ def test_plan_streams_the_dense_gemvs_and_the_rule_moves_only_the_index_wk():
     assert (p.KS1, p.KS3, p.KSQ, p.KS9) == (span_slots(6144, 128, 4), span_slots(2048, 128, 1),
                                             span_slots(2048, 128, 2), span_slots(2048, 128, 3)) == (13, 16, 9, 6)
     assert (p.KSR, p.KSG) == (8, 4)
+    # the index wk | weights_proj (3 column tiles of 64, 48 K blocks) split up to one K block a
+    # tile: 144 tiles < 264 programs, so both rules take the finest split
     bal = make_plan(s, 2, True, 264, "balanced")
-    assert (p.KSI, bal.KSI) == (12, 8)
-    assert dataclasses.replace(bal, KSI=p.KSI) == p
+    assert (p.KSI, bal.KSI) == (48, 48)
+    assert bal == p
+    # on a grid of 16 programs the rules differ: "first" takes the smallest covering split
+    p16, bal16 = make_plan(s, 2, True, 16), make_plan(s, 2, True, 16, "balanced")
+    assert p16.KSI == _pick_ks(3, 48, 16, cap=48) == 6
+    assert bal16.KSI == _pick_ks(3, 48, 16, cap=48, rule="balanced")
+    assert dataclasses.replace(bal16, KSI=p16.KSI) == p16
 
 
 def test_span_slots_count_the_spans_a_tile_can_touch():

@@ -171,6 +171,25 @@ def _wrap32(x):
     return (tl.full([], 0, tl.int64) + x).to(tl.int32)
 
 
+# Polls between two clock readings of a waiting program: a reading is a program-wide maximum
+# through shared memory (a barrier), which made each poll slower and so the moment a program
+# sees its counter later; the deadline is then noticed at most CLOCK_EVERY - 1 polls late.
+CLOCK_EVERY = tl.constexpr(8)
+
+
+@triton.jit
+def _waited(waited, start, iters, CLOCK: tl.constexpr):
+    """The wait's elapsed ticks, refreshed every CLOCK_EVERY polls (every poll for CLOCK_ITER,
+    whose ticks are the polls): `iters` is a program value, so every warp refreshes alike."""
+    if CLOCK == 2:
+        w = program_elapsed(start, iters, CLOCK)
+    else:
+        w = waited
+        if iters % CLOCK_EVERY == 0:
+            w = program_elapsed(start, iters, CLOCK)
+    return w
+
+
 @triton.jit
 def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
             NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
@@ -196,7 +215,7 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
         cur = tl.sum(tl.where(lane == 0, v, 0), 0)
         ab = tl.sum(tl.where(lane == 1, v, 0), 0)
         iters += 1
-        waited = program_elapsed(start, iters, CLOCK)
+        waited = _waited(waited, start, iters, CLOCK)
     ok = ((cur - tgt) >= 0) & (ab == 0)
     if not ok:
         fail(ab, cur, tgt, 0, waited, start + waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
@@ -230,7 +249,7 @@ def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program,
         ab = tl.max(poll(aptrs, SYS), 0)
         short = tl.sum(((v - tgt) < 0).to(tl.int32), 0)
         iters += 1
-        waited = program_elapsed(start, iters, CLOCK)
+        waited = _waited(waited, start, iters, CLOCK)
     ok = (short == 0) & (ab == 0)
     if not ok:
         big = cnt_ptrs.shape[0]

@@ -202,10 +202,27 @@ def span_slots(K: int, BLK: int, PER: int) -> int:
 
 @triton.jit
 def sum_slots(p_ptr, row, col0, W: tl.constexpr, NSTR: tl.constexpr, SLOTS: tl.constexpr,
-              D: tl.constexpr):
-    """Sum the SLOTS partials of out[row, col0:col0+D] in slot order (deterministic)."""
+              D: tl.constexpr, GROUP: tl.constexpr = 0):
+    """Sum the SLOTS partials of out[row, col0:col0+D] in slot order (deterministic).
+
+    The loads go in groups of G slots unrolled (G * D <= 4096 values: ~32 registers a thread
+    at 4 warps), so a group's loads are in flight together and the stage pays SLOTS / G memory
+    latencies, not SLOTS (one load an iteration cost ~0.5 us each, which made single-program
+    consumers such as a row's norm take ~10 us in the layer: H200 stamps, session 12; a whole
+    unroll of 13 x 2048 values spilled on sm_90 and gfx950). The adds still run in slot order.
+    The slots past the last whole group are one more unrolled group, not masked loads (a
+    masked group's per-slot predicates spilled gfx950's scalar registers). Rows narrower than
+    1024 values are summed one slot an iteration: unrolled, their loads' scalar address terms
+    spilled gfx950's SGPRs in the GLM-5.3 layer (a TP8 rank at 8 rows). GROUP > 0 sets the
+    group size instead (a caller that knows its ISA has the registers)."""
+    G: tl.constexpr = min(SLOTS, GROUP) if GROUP > 0 else (1 if D < 1024 else max(1, min(SLOTS, 4096 // D)))
+    FULL: tl.constexpr = SLOTS - SLOTS % G
     c = tl.arange(0, D)
+    base = p_ptr + row * NSTR + col0 + c
     acc = tl.zeros([D], tl.float32)
-    for s in range(SLOTS):
-        acc += tl.load(p_ptr + s * (W * NSTR) + row * NSTR + col0 + c)
+    for s0 in range(0, FULL, G):
+        for g in tl.static_range(G):
+            acc += tl.load(base + (s0 + g) * (W * NSTR))
+    for g in tl.static_range(SLOTS % G):
+        acc += tl.load(base + (FULL + g) * (W * NSTR))
     return acc

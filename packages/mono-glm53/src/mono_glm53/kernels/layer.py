@@ -133,7 +133,11 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     nqkv = s.qkv_a_out
     nh = s.heads_per_rank
     i_l = s.moe_inter_per_rank
-    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, max(1, nprog // 8), rule=ks_rule)
+    # The indexer's bf16 wk | weights_proj (2 MB at GLM-5.3's shape) rides on the programs that
+    # also run a q_a/kv_a span: split as finely as K allows (one 16 KB block a tile at the TP8
+    # shard), so those programs run ~1.25x the others' bytes, not 2x (a split for nprog // 8
+    # tiles held the stage at ~19 us against a ~10 us median program: H200 stamps, session 12).
+    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, nprog, cap=hb, rule=ks_rule)
     nqb = nh * s.qk_head
     niq = s.index_heads * s.index_head_dim
     # The dense FP8 GEMVs stream-K: every program reads the same bytes (one span of PER
@@ -159,6 +163,9 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     hg = 16
     vb = min(32, s.v_head)
     bi = min(128, i_l)
+    # index-score tile: 64 tokens (8 KB of FP8 keys) a tile; 32-token tiles left each program
+    # ~16 dependent tiles at context 65536 (61 us of the TP8 shard's launch, H200 stamps)
+    tb = min(64, s.page)
     return Plan(
         W=width, BM=max(16, width), H=s.hidden, QL=s.q_lora, KVL=s.kv_lora, RD=s.qk_rope,
         NOPE=s.qk_nope, VD=s.v_head, NH=nh, IH=s.index_heads, IHP=max(16, s.index_heads),
@@ -167,7 +174,7 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
         HADAMARD=bool(s.indexer_hadamard), MLA_NEOX=not s.rope_interleave,
         IDX_NEOX=not s.indexer_rope_interleave, BN=bn, KS1=ks1, KSI=ksi, KS3=ks3, KSQ=ksq,
         KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BNS=BNS, PER1=per1, PER3=per3, PERQ=perq, PER9=per9,
-        DOTF=DOT_WX_FP8, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=min(32, s.page),
+        DOTF=DOT_WX_FP8, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=tb,
     )
 
 

@@ -20,12 +20,31 @@ moves one e4m3 code by one step, so the index keys are exact on nearly all bytes
     accumulation order, whose bf16/e4m3 flips upstream are this noise).
   * the layer output given the kernel's own h2 (moe_given_h2): the MoE part alone, with no
     upstream noise, against the reference MoE on the kernel's h2 computed ON THE CPU with
-    exact FP8 GEMMs (harness.moe_on_cpu) on every device. CPU (tests/interp): 0.0
-    (bit-identical), while a 1 % error in the routed experts' down-projection scales reads
-    0.0097 and in the shared expert's 0.0061 (`test_one_percent_down_scale_error_fails`).
-    H200 (session 11, the whole GPU suite: 22 fused-vs-reference tests, TP8 shard and TP1, widths 2..8,
-    mixed contexts, TP 2/4/8 side by side): 0.0 .. 0.0013, and the 1 % routed down-scale
-    error 0.0077. The bound 0.004 sits 3x above the worst noise and 1.9x below that error.
+    exact FP8 GEMMs (harness.moe_on_cpu) on every device. CPU (tests/interp): 0.0. H200
+    (session 11, 22 fused-vs-reference tests): 0.0 .. 0.0013; session 12 (the rebuilt
+    attention moved h2 by bf16 flips): 0.0 .. 0.0041 (TP1, width 8, ctx 65536, 7 rows). Not
+    an error: the noise is heavy-tailed. One bf16 flip of a gate_up value that is its 128
+    group's absmax moves that group's requantisation scale and so every code of the group;
+    one such group of one slot moves a row's output by ~0.003-0.004, and TP1 (I = 2048: 16
+    groups a slot, 8x a TP8 shard's) meets one in a few cases. The bound, 0.008, sits 2x above
+    the worst measured; a 1 % weight-scale error reads 0.0061 (shared down) .. 0.034 (routed
+    gate_up) here, so the stage checks below are what catch those, each given the kernel's
+    own input to the stage (harness -> kernels.moe_checks):
+      - moe_gateup_given_h2.rel_l2_max: the kernel's gate_up (split-K partials summed, bf16)
+        vs the exact FP8 GEMM of its own quantised h2: fp32 summation order only (CPU
+        1.2e-4; H200, session 13, all 40 GPU cases: at most 0.0007); a 1 % w13 scale error
+        reads 0.0102 (shared) / 0.0106 (routed). Bound 0.002: 2.9x above the worst noise, 5x
+        below the error.
+      - moe_inter_given_gateup.codes_equal_min / scales_equal_min: SiLU-and-mul and the
+        requantisation of the kernel's own gate_up: bit-exact on the CPU (1.0); on the GPU
+        tl.exp may differ from the CPU's in the last ulp, which flips a bf16 product rarely
+        (H200, session 13: 1.0 in every case). Bounds 0.99.
+      - moe_down_given_inter.rel_l2_max: the layer output vs the exact down GEMMs of the
+        kernel's own quantised SiLU output, combined as the kernel does (bf16 per expert,
+        bf16(y * weight), fp32 sum in slot order): 0.0 on the CPU, at most 0.00025 on the
+        H200 (session 13); a 1 % down scale error reads 0.0097 (routed) / 0.0061 (shared) on
+        the CPU and 0.0077 (routed, TP8 shard) on the H200. Bound 0.002: 8x above the worst
+        noise, 3x below the smallest error.
     Why the CPU: the same reference run on CUDA differed from the kernel (and from itself on
     the CPU) by 0.017..0.031, as much as the 1 % error. Session 11 traced it to torch's CUDA
     division by a Python scalar (a multiply by the reciprocal, not an IEEE divide): the
@@ -90,7 +109,11 @@ NUMERICS: dict[str, float] = {
     "glm53_layer.h2.cosine_min": 0.9999,
     "glm53_layer.routing_given_h2.tie_gap_max": 1e-5,
     "glm53_layer.moe_given_h2.cosine_min": 0.999,
-    "glm53_layer.moe_given_h2.rel_l2_max": 0.004,
+    "glm53_layer.moe_given_h2.rel_l2_max": 0.008,
+    "glm53_layer.moe_gateup_given_h2.rel_l2_max": 0.002,
+    "glm53_layer.moe_inter_given_gateup.codes_equal_min": 0.99,
+    "glm53_layer.moe_inter_given_gateup.scales_equal_min": 0.99,
+    "glm53_layer.moe_down_given_inter.rel_l2_max": 0.002,
     "glm53_layer.fused_vs_staged.max_abs": 0.0,
     "glm53_layer.delay_vs_fused.max_abs": 0.0,
     "glm53_layer.graph_replay_vs_eager.max_abs": 0.0,

@@ -84,6 +84,7 @@ from mono_common.stages.moe import fill_slots as _fill_slots
 from mono_common.stages.moe import moe_down as _moe_down
 from mono_common.stages.moe import moe_gateup as _moe_gateup
 from mono_common.stages.moe import moe_silu as stage_silu
+from mono_common.stages.moe import prefetch_slots as _prefetch_slots
 from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
 
 # the library's numerics under the names the stage bodies use
@@ -94,6 +95,7 @@ from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
 from mono_common.stages.numerics import rbf as _rbf
+from mono_common.stages.prefetch import prefetch_range as _prefetch
 from mono_common.stages.rope import hadamard as _hadamard
 from mono_common.stages.rope import rope_apply as _rope_apply
 from mono_common.stages.routing import biased_topk as _routing
@@ -233,8 +235,9 @@ def stage_latent(pid, nprog, row,
                  NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
                  KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr):
-    # Three small parts per row (tiles t = part * W + m), each its own loop loading its own
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr):
+    # GS: the split partials' loads in flight at once in the narrow sums (`sum_slots` GROUP; 0
+    # on gfx950, whose SGPRs they spilled). Three small parts per row (tiles t = part * W + m), each its own loop loading its own
     # pointers from the table: one loop over every part keeps what each part hoists (pointers,
     # lane offsets) live through all of them, past gfx950's scalar registers.
     NIKW: tl.constexpr = ID + IH
@@ -255,9 +258,9 @@ def stage_latent(pid, nprog, row,
         eps = _sf(row, P.EPS)
         pos = tl.load(_p(row, P.POS, tl.int64) + m)
         loc = tl.load(_p(row, P.LOC, tl.int64) + m)
-        kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL))
+        kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL, GS))
         kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
-        kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD))
+        kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD, GS))
         # RoPE reads its partner lane from memory: park k_pe in this row's scratch slot
         sp = rope_ptr + m * RD
         tl.store(sp + tl.arange(0, RD), kpe)
@@ -276,8 +279,8 @@ def stage_latent(pid, nprog, row,
             pos = tl.load(_p(row, P.POS, tl.int64) + m)
             d = tl.arange(0, ID)
             rj = tl.arange(0, RD)
-            k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID))
-            wts = _sum_splits(ikw_ptr, m, ID, W, NIKW, KSI, IH)
+            k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID, GS))
+            wts = _sum_splits(ikw_ptr, m, ID, W, NIKW, KSI, IH, GS)
             if IDX_FUSED:
                 wts = _bf16(wts)  # the merged wk_weights_proj GEMM writes bf16
             tl.store(_p(row, P.IWRAW, tl.float32) + m * IH + tl.arange(0, IH), wts)
@@ -332,7 +335,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
                  RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
                  KS3: tl.constexpr, KSQ: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr):
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -341,41 +344,52 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
     rows = tl.arange(0, BM)
     rmask = rows < W
     rj = tl.arange(0, RD)
-    for t in range(pid, NH + T2, nprog):
-        if t < NH:
-            h = t
-            for m in range(W):
-                pos = tl.load(pos_ptr + m).to(tl.int64)
-                pe = _bf16(_sum_splits(qb_ptr, m, h * QH + NOPE, W, NQB, KS3, RD))
-                sp = rope_ptr + W * RD + W * ID + W * IH * ID + (m * NH + h) * RD
-                tl.store(sp + rj, pe)
-                tl.debug_barrier()
-                pr = _bf16(_rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX))
-                tl.store(qabs_ptr + (m * NH + h) * DA + KVL + rj, pr)
-            # W_UK absorption: q_nope[:W] (NOPE) @ w_kc[h] (NOPE x KVL), bf16 in, fp32 sum
-            CB: tl.constexpr = 128 if KVL >= 128 else KVL
-            BKN: tl.constexpr = 16
-            kk = tl.arange(0, BKN)
-            for c0 in range(0, KVL, CB):
-                cols = c0 + tl.arange(0, CB)
-                acc = tl.zeros([BM, CB], tl.float32)
-                for k0 in range(0, NOPE, BKN):
-                    xs = tl.zeros([BM, BKN], tl.float32)
-                    for ks in range(KS3):
-                        xs += tl.load(qb_ptr + ks * (W * NQB) + rows[:, None] * NQB + h * QH + k0 + kk[None, :],
-                                      mask=rmask[:, None], other=0.0)
-                    x = _rbf(xs)
-                    w = tl.load(wkc_ptr + h * wkc_s0 + (k0 + kk[:, None]) * wkc_s1 + cols[None, :] * wkc_s2)
-                    acc += _dot(x, w)
-                tl.store(qabs_ptr + (rows[:, None] * NH + h) * DA + cols[None, :], _bf16(acc),
-                         mask=rmask[:, None])
+    # W_UK absorption tiles: (head, CB-column block) pairs, so the 1.5 MB of w_kc of a TP8 rank
+    # is read by NH * KVL / CB programs at once (one tile a head, 4 KB a load, read it in ~36 us
+    # on the H200: session 12 stamps); a block's weight load issued before its x sums.
+    CB: tl.constexpr = 64 if KVL >= 64 else KVL
+    NCB: tl.constexpr = KVL // CB
+    BKN: tl.constexpr = 64 if NOPE % 64 == 0 else (32 if NOPE % 32 == 0 else 16)
+    NKC: tl.constexpr = NOPE // BKN
+    T1: tl.constexpr = NH * NCB
+    kk = tl.arange(0, BKN)
+    for t in range(pid, T1 + T2, nprog):
+        if t < T1:
+            h = t // NCB
+            cb = t % NCB
+            # row m's q_pe RoPE by the head's tile m % NCB: at most a row or two a tile, not
+            # every row on one tile (each row sums KS3 partials, one load latency a slot)
+            if cb < W:
+                for m in range(cb, W, NCB):
+                    pos = tl.load(pos_ptr + m).to(tl.int64)
+                    pe = _bf16(_sum_splits(qb_ptr, m, h * QH + NOPE, W, NQB, KS3, RD, GS))
+                    sp = rope_ptr + W * RD + W * ID + W * IH * ID + (m * NH + h) * RD
+                    tl.store(sp + rj, pe)
+                    tl.debug_barrier()
+                    pr = _bf16(_rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX))
+                    tl.store(qabs_ptr + (m * NH + h) * DA + KVL + rj, pr)
+            # q_nope[:W] (NOPE) @ w_kc[h][:, block] (NOPE x CB), bf16 in, fp32 sum
+            cols = cb * CB + tl.arange(0, CB)
+            acc = tl.zeros([BM, CB], tl.float32)
+            for kc in range(NKC):
+                w = tl.load(wkc_ptr + h * wkc_s0 + (kc * BKN + kk[:, None]) * wkc_s1 + cols[None, :] * wkc_s2)
+                xs = tl.zeros([BM, BKN], tl.float32)
+                xp = qb_ptr + rows[:, None] * NQB + h * QH + kc * BKN + kk[None, :]
+                # q_b's split partials in slot order, KG slots' loads in flight at once
+                KG: tl.constexpr = 4 if KS3 % 4 == 0 else (2 if KS3 % 2 == 0 else 1)
+                for k0 in range(0, KS3, KG):
+                    for kg in tl.static_range(KG):
+                        xs += tl.load(xp + (k0 + kg) * (W * NQB), mask=rmask[:, None], other=0.0)
+                acc += _dot(_rbf(xs), w)
+            tl.store(qabs_ptr + (rows[:, None] * NH + h) * DA + cols[None, :], _bf16(acc),
+                     mask=rmask[:, None])
         else:
-            u = t - NH
+            u = t - T1
             m = u // IH
             g = u % IH
             pos = tl.load(pos_ptr + m).to(tl.int64)
             d = tl.arange(0, ID)
-            q = _bf16(_sum_splits(iq_ptr, m, g * ID, W, NIQ, KSQ, ID))
+            q = _bf16(_sum_splits(iq_ptr, m, g * ID, W, NIQ, KSQ, ID, GS))
             sp = rope_ptr + W * RD + W * ID + (m * IH + g) * ID
             tl.store(sp + d, q)
             tl.debug_barrier()
@@ -541,16 +555,20 @@ def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
 
 @triton.jit
 def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr,
-                 gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr,
+                 gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr, w2_ptr,
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
-                 BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr):
+                 BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr):
     # every program routes (the same bits everywhere), so no extra hand-off is needed
     WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
     wmat, used = _routing(lg_ptr, bias_ptr, W, WP2, E, TOPE, KSR)
     csum, nu = _fill_slots(pid, wmat, used, slot_e_ptr, slot_w_ptr, nslot_ptr, W, WP2, E, NSLOT)
+    # the routed experts' down rows are requested once this program's gate_up tiles are done
+    # (requesting their gate_up rows first too made gate_up slower: 40 against 34 us at 2 rows,
+    # H200 stamps, session 12: its tiles wait on their own loads either way)
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                 W, BM, H, E, I, BN, BLK, KSG, NSLOT)
+    _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
 @triton.jit
@@ -599,18 +617,61 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
     0..delay ticks first (runtime, so the delay-injection test runs the product's binary).
     stall == s: program 0 stops here without signalling (the injected wait fault of
     MONO_GLM53_FAULT): every other program's wait on this hand-off must expire."""
+    # sm_90: the table words the hand-off reads are loaded first, before any branch on one of
+    # them: the loads are independent, so they cost one memory latency together, not one each
+    # (read one by one, each behind the branch on the one before, ~2 us a hand-off). gfx950
+    # (CLOCK 1) reads each where it is used, as before: held from the start they spilled its
+    # SGPRs (TP8 rank, 8 rows).
+    ok = True
+    if CLOCK == 1:
+        ok = _sync_lazy(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT)
+    else:
+        stall = _si(row, P.STALL)
+        stamp_on = _si(row, P.STAMP)
+        cnt_ptr = _p(row, P.CNT, tl.int32)
+        if WAIT:
+            delay = _sl(row, P.DELAY)
+            stamps = _p(row, P.STAMPS, tl.int64) + pid * STAMP_W
+            abort_ptr = _pu(row, P.ABORT, tl.int32)
+            abort_tab = _p(row, P.ABORT_TAB, tl.int64)
+            err_ptr = _p(row, P.ERR, tl.int64)
+            rank = _si(row, P.RANK)
+            deadline = _sl(row, P.DEADLINE)
+        if (stall == s) & (pid == 0):
+            return False
+        if WAIT:
+            _delay(pid, epoch, s, delay, CLOCK)
+            if stamp_on != 0:
+                tl.store(stamps + 2 * s, now(CLOCK))
+        signal(cnt_ptr + (s - 1), 1, False)
+        if WAIT:
+            ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                         s, deadline, NRANK, CLOCK, FAULT, False)
+            if stamp_on != 0:
+                tl.store(stamps + 2 * s + 1, now(CLOCK))
+    return ok
+
+
+@triton.jit
+def _delay(pid, epoch, s: tl.constexpr, delay, CLOCK: tl.constexpr):
+    """delay > 0: spin a pseudo-random 0..delay ticks (the random stage-delay test)."""
+    if delay > 0:
+        hsh = (pid * 1103515245 + epoch * 12345 + s * 7919) & 0x7FFFFFFF
+        dl = (hsh % delay).to(tl.int64)
+        t0 = now(CLOCK)
+        while now(CLOCK) - t0 < dl:
+            pass
+
+
+@triton.jit
+def _sync_lazy(row, s: tl.constexpr, epoch, nprog, pid,
+               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
+    """`_sync` reading each table word where it is used (gfx950)."""
     ok = True
     if (_si(row, P.STALL) == s) & (pid == 0):
         return False
     if WAIT:
-        delay = _sl(row, P.DELAY)
-        if delay > 0:
-            hsh = (pid * 1103515245 + epoch * 12345 + s * 7919) & 0x7FFFFFFF
-            dl = (hsh % delay).to(tl.int64)
-            t0 = now(CLOCK)
-            while now(CLOCK) - t0 < dl:
-                pass
-    if WAIT:
+        _delay(pid, epoch, s, _sl(row, P.DELAY), CLOCK)
         _stamp(row, 2 * s, pid, CLOCK)
     cnt_ptr = _p(row, P.CNT, tl.int32)
     signal(cnt_ptr + (s - 1), 1, False)
@@ -695,6 +756,19 @@ def layer_kernel(
     NQB: tl.constexpr = NH * (NOPE + RD)
     NIQ: tl.constexpr = IH * ID
     ok = True
+    # Weight streaming (sm_90: CLOCK 0): each stage's weights are requested into the L2 before
+    # the hand-off that gates its inputs (mono_common.stages.prefetch; gfx950 and the
+    # interpreter: no prefetch, the stages load as before). The fused launch only.
+    PF: tl.constexpr = CLOCK == 0
+    GS: tl.constexpr = 8 if CLOCK == 0 else 0
+    if FUSED and FIRST == 0:
+        _prefetch(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF)
+        if INDEXER:
+            if IDX_FUSED:
+                _prefetch(pid, nprog, _p(row, P.WWP, bf16), (ID + IH) * H * 2, PF)
+            else:
+                _prefetch(pid, nprog, _p(row, P.WK, u8), ID * H, PF)
+                _prefetch(pid, nprog, _p(row, P.WWP, bf16), IH * H * 2, PF)
     if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), W, H, HB)
@@ -706,13 +780,17 @@ def layer_kernel(
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI,
                        BNS, PER1, DOTF)
+    if FUSED and FIRST == 0:
+        _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
+        if INDEXER:
+            _prefetch(pid, nprog, _p(row, P.WIQ, u8), NIQ * QL, PF)
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
                        CLOCK, FAULT)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
-                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX)
+                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
@@ -731,7 +809,14 @@ def layer_kernel(
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
-                         MLA_NEOX, IDX_NEOX)
+                         MLA_NEOX, IDX_NEOX, GS)
+    if FUSED and FIRST == 0:
+        # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
+        # the index scores, the top-k and the attention (~40 us of little HBM traffic)
+        _prefetch(pid, nprog, _p(row, P.WO, u8), H * NH * VD, PF)
+        _prefetch(pid, nprog, _p(row, P.WG, bf16), E * H * 2, PF)
+        _prefetch(pid, nprog, _p(row, P.WSH13, u8), 2 * I * H, PF)
+        _prefetch(pid, nprog, _p(row, P.WSH2, u8), H * I, PF)
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
@@ -820,8 +905,8 @@ def layer_kernel(
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
-                         _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32),
-                         W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT)
+                         _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8),
+                         W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT, PF and FUSED)
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,

@@ -1,0 +1,59 @@
+"""L2 prefetch of weights: request a stage's weights before the hand-off that gates its inputs.
+
+Weights do not depend on activations, so a stage's weight bytes can start moving from HBM
+while the stage before it still runs or while its programs wait at the hand-off; the stage's
+own loads then hit the L2. The L2 is shared by every SM, so which program prefetches a line
+does not matter: each call deals a byte range's 128-byte lines over all the programs, 16 KB
+a program a step (one line a thread), and returns without waiting for anything.
+
+  prefetch_range(pid, nprog, base, nbytes, ON): the lines of [base, base + nbytes) (any
+      pointer type; nbytes a runtime or constexpr int), dealt over programs 0..nprog-1;
+      ON (constexpr) False compiles to nothing.
+  prefetch_ranges(pid, nprog, base, stride, count, nbytes, ON): `count` ranges of `nbytes`
+      at base + i * stride (bytes), e.g. one expert's block of a stacked expert tensor each.
+
+ISA: sm_90 issues `prefetch.global.L2` (no register result, no completion to wait for).
+gfx950 has no L2-only prefetch instruction that Triton can emit; there the callers pass ON =
+False and the stages read their weights as before (the documented fallback; a load whose
+result is dropped would be removed by the compiler, and one kept alive costs registers).
+"""
+
+import triton
+import triton.language as tl
+
+LINE = tl.constexpr(128)  # bytes of an L2 line on both ISAs
+LANES = tl.constexpr(128)  # lines a program requests per step (one per thread at 4 warps)
+
+
+@triton.jit
+def _l2_prefetch(addr):
+    """prefetch.global.L2 at each int64 address (sm_90); the int32 result is a dummy."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [addr],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_range(pid, nprog, base, nbytes, ON: tl.constexpr):
+    """Request the lines of [base, base + nbytes) into the L2, dealt over the programs."""
+    if ON:
+        b = base.to(tl.pointer_type(tl.uint8)).to(tl.int64, bitcast=True)
+        nlines = (nbytes + LINE - 1) // LINE
+        lane = tl.arange(0, LANES)
+        for l0 in range(pid * LANES, nlines, nprog * LANES):
+            ln = tl.minimum(l0 + lane, nlines - 1).to(tl.int64)
+            _l2_prefetch(b + ln * LINE)
+
+
+@triton.jit
+def prefetch_ranges(pid, nprog, base, stride, count, nbytes, ON: tl.constexpr):
+    """`prefetch_range` of `count` ranges of `nbytes` each, range i at base + i * stride bytes:
+    their lines numbered as one sequence and dealt over the programs."""
+    if ON:
+        b = base.to(tl.pointer_type(tl.uint8)).to(tl.int64, bitcast=True)
+        per = (nbytes + LINE - 1) // LINE
+        nlines = per * count
+        lane = tl.arange(0, LANES)
+        for l0 in range(pid * LANES, nlines, nprog * LANES):
+            ln = tl.minimum(l0 + lane, nlines - 1).to(tl.int64)
+            r = ln // per
+            _l2_prefetch(b + r * stride + (ln - r * per) * LINE)
