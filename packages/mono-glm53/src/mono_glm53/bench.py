@@ -1,10 +1,15 @@
-"""`mono bench glm53`: time one GLM-5.3 MoE decode layer at real shapes on random weights.
+"""`mono bench glm53`: time GLM-5.3 MoE decode layers at real shapes on random weights.
 
 For each shape (the whole layer at TP1, and one rank's shard at TP8), context (4096, 65536)
-and width (1..8 rows, one request each), every registered *path* is captured in one CUDA graph
-and timed as the median of graph replays. Beside it: the path's kernel count (kernels in one
-profiled replay), the floor (bytes the step must read / 4.25 TB/s, the H200's measured copy
-bandwidth) and the fraction of the floor reached (floor time / measured time).
+and width (1..8 rows, one request each), every registered *path* runs a ROTATION of `--layers`
+distinct layers (default 4: each its own random weights and caches, one after another, as a
+served step runs its 75 layers, so no layer finds the previous one's weights in the 50 MB L2);
+the rotation is captured in one CUDA graph and a layer's time is the median graph replay over
+the layer count. Beside it: the path's kernels per layer (one profiled replay), the floor
+(bytes a layer must read over the read ceiling measured in the same run,
+`mono_common.bench.ceiling`; the nominal 4.25 TB/s on the CPU), the fraction of the floor
+reached (floor time / measured time) and, for a path whose step can stamp itself (the
+monokernel), each stage's in-kernel span measured in the same rotation (`stamps_us`).
 
 Bytes that must be read (activations neglected):
 * this rank's weights: every non-expert FP8 weight + its scales, the bf16 tensors used
@@ -23,7 +28,9 @@ zero-padded to a multiple of 4, which cuBLAS needs), else through that fp32 GEMM
 with torch 2.11 only the TP8 expert down projection, K = 256, falls back). The routed experts
 gather each (row, slot)'s expert weights and loop over slots, so the unfused kernel count
 grows with the width. A kernel adds itself with `register_path("mono", builder)`: the builder
-gets a `BenchCase` and returns a zero-argument step that must be CUDA-graph capturable.
+gets a `BenchCase` and returns a zero-argument step that must be CUDA-graph capturable; the
+step may carry `check()` (called after timing) and `profile(steps)` (per-stage spans of a
+rotation of such steps, in microseconds).
 
 The TP8 shard runs one rank alone: its all-reduce points are identity (no collective time).
 The GPU machine has no sglang: this module imports none.
@@ -50,7 +57,7 @@ from .weights import make_caches, make_weights, weight_bytes
 
 __all__ = ["BenchCase", "PATHS", "register_path", "floor_bytes", "main", "HBM_BYTES_PER_S"]
 
-HBM_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts.md)
+HBM_BYTES_PER_S = 4.25e12  # H200 device-to-device copy, read + write (facts.md): the CPU runs' nominal floor
 
 
 @dataclass
@@ -125,18 +132,39 @@ def _count_kernels(fn: Callable[[], object]) -> int | None:
         return None
 
 
-def _time_path(step, case: BenchCase, device: str, warmup: int, replays: int) -> dict[str, object]:
-    out = step()  # eager: probes the FP8 GEMM backend per shape, fills lazy caches
+def _rotation(steps: list) -> Callable[[], list]:
+    """One step running every layer's step in order (a rotation), with their checks."""
+    def step():
+        return [s() for s in steps]
+
+    checks = [s.check for s in steps if hasattr(s, "check")]
+    if checks:
+        step.check = lambda: [c() for c in checks]
+    return step
+
+
+def _distinct_experts(out) -> int | None:
+    if hasattr(out, "aux") and "topk_ids" in out.aux:
+        return int(torch.unique(out.aux["topk_ids"]).numel())
+    return None
+
+
+def _time_path(steps: list, device: str, warmup: int, replays: int) -> dict[str, object]:
+    """Time a rotation of `steps` (one a layer); times and kernel counts are per layer."""
+    step = _rotation(steps)
+    n = len(steps)
+    outs = step()  # eager: probes the FP8 GEMM backend per shape, fills lazy caches
     step()
     res: dict[str, object] = {}
-    if isinstance(out, object) and hasattr(out, "aux") and "topk_ids" in out.aux:
-        res["distinct_experts"] = int(torch.unique(out.aux["topk_ids"]).numel())
+    experts = [_distinct_experts(o) for o in outs]
+    if all(e is not None for e in experts):
+        res["distinct_experts_per_layer"] = experts
     if device != "cuda":
         ts = []
         for _ in range(replays):
             t0 = time.perf_counter()
             step()
-            ts.append((time.perf_counter() - t0) * 1e6)
+            ts.append((time.perf_counter() - t0) * 1e6 / n)
         res.update(us=statistics.median(ts), kernels=None, kernels_eager=None)
         return res
     torch.cuda.synchronize()
@@ -144,17 +172,21 @@ def _time_path(step, case: BenchCase, device: str, warmup: int, replays: int) ->
     from mono_common.graph_timing import capture, replay_us
 
     graph = capture(step, warm=1)
-    ts = replay_us(graph, replays, warmup=warmup)
+    ts = [x / n for x in replay_us(graph, replays, warmup=warmup)]
     kernels_graph = _count_kernels(graph.replay)
     torch.cuda.synchronize()
     if hasattr(step, "check"):
         step.check()  # a path with guarded waits: no wait may have expired while timed
+
+    def per(k):
+        return None if k is None else k / n
+
     res.update(
         us=statistics.median(ts),
         us_min=min(ts),
-        kernels=kernels_graph if kernels_graph else kernels_eager,
-        kernels_graph=kernels_graph,
-        kernels_eager=kernels_eager,
+        kernels=per(kernels_graph if kernels_graph else kernels_eager),
+        kernels_graph=per(kernels_graph),
+        kernels_eager=per(kernels_eager),
     )
     del graph
     return res
@@ -184,7 +216,8 @@ def _plot(rows: list[dict], path: str) -> None:
             pts = sorted((r["width"], r["us"]) for r in sel if r["path"] == name)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
         fl = sorted({(r["width"], r["floor_us"]) for r in sel})
-        ax.plot([p[0] for p in fl], [p[1] for p in fl], "k--", label="floor (4.25 TB/s)")
+        ceil = sel[0].get("ceiling_tbs", HBM_BYTES_PER_S / 1e12)
+        ax.plot([p[0] for p in fl], [p[1] for p in fl], "k--", label=f"floor ({ceil:.2f} TB/s)")
         ax.set_title(f"GLM-5.3 layer {shape}, ctx {ctx}")
         ax.set_xlabel("rows (width)")
         ax.set_ylabel("us per layer")
@@ -202,20 +235,23 @@ def _table(rows: list[dict]) -> str:
         k = r.get("kernels")
         lines.append(
             f"{r['shape']:5} {r['context']:>6} {r['width']:>2} {r['path']:8} {r['us']:>9.1f} "
-            f"{(k if k is not None else '-'):>5} {r['floor_us']:>9.1f} {r['fraction']:>6.3f} "
-            f"{r['distinct_experts']:>7} {r['bytes']['total'] / 1e6:>8.1f}"
+            f"{(f'{k:.0f}' if k is not None else '-'):>5} {r['floor_us']:>9.1f} {r['fraction']:>6.3f} "
+            f"{r['distinct_experts']:>7.1f} {r['bytes']['total'] / 1e6:>8.1f}"
         )
+        if r.get("stamps_us"):
+            lines.append("      stamps (us): " + " ".join(f"{n} {v:.1f}" for n, v in r["stamps_us"].items()))
     return "\n".join(lines)
 
 
-def _meta(a, argv, t_start) -> dict:
+def _meta(a, argv, t_start, ceiling_tbs: float) -> dict:
     return dict(
         device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
         torch=torch.__version__,
         fp8_gemm=a.fp8_gemm,
         scaled_mm_variant=fp8_mod.scaled_mm_variant(),
         scaled_mm_shapes={str(k): v for k, v in fp8_mod._SCALED_MM_OK.items()},
-        hbm_bytes_per_s=HBM_BYTES_PER_S,
+        ceiling_tbs=ceiling_tbs,
+        layers=a.layers,
         tiny=a.tiny,
         seconds=time.time() - t_start,
         command="python -m mono_glm53.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -241,7 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8-gemm", default="auto", choices=("auto", "exact", "scaled_mm"))
     ap.add_argument("--seed", type=int, default=None, help="default: fresh random weights")
     ap.add_argument("--max-seconds", type=float, default=None, help="stop starting new points after this")
+    ap.add_argument("--layers", type=int, default=4,
+                    help="distinct layers (weights and caches) a timed rotation runs, one after another")
+    ap.add_argument("--no-stamps", action="store_true", help="skip the per-stage stamped spans")
     a = ap.parse_args(argv)
+    if a.layers < 1:
+        ap.error(f"--layers {a.layers}: a rotation needs at least one layer")
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --device cpu --tiny")
     fp8_mod.set_fp8_gemm_backend(a.fp8_gemm)
@@ -261,67 +302,88 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     errors: list[dict] = []
     t_start = time.time()
+    if a.device == "cuda":
+        from mono_common.bench.ceiling import read_ceiling_tbs
+
+        ceiling_tbs = read_ceiling_tbs()
+        print(f"read ceiling {ceiling_tbs:.2f} TB/s (measured in this run)", flush=True)
+    else:
+        ceiling_tbs = HBM_BYTES_PER_S / 1e12
     for sname, s in _shapes(a.shapes.split(","), a.tiny).items():
         t0 = time.time()
-        w = make_weights(s, device=a.device, seed=a.seed)
-        print(f"[{sname}] weights on {a.device} in {time.time() - t0:.1f}s", flush=True)
+        ws = [make_weights(s, device=a.device, seed=None if a.seed is None else a.seed + i) for i in range(a.layers)]
+        print(f"[{sname}] {a.layers} layers' weights on {a.device} in {time.time() - t0:.1f}s", flush=True)
         for ctx in contexts:
-            inp_all, caches = make_caches(s, max(widths), ctx, device=a.device, seed=a.seed)
+            inp_all, caches0 = make_caches(s, max(widths), ctx, device=a.device, seed=a.seed)
+            # every layer its own caches (the same step's rows read each layer's own KV)
+            layer_caches = [caches0] + [
+                LayerCaches(kv=caches0.kv.clone(),
+                            index_k=None if caches0.index_k is None else caches0.index_k.clone())
+                for _ in range(a.layers - 1)]
             g = torch.Generator(device=a.device)
             g.manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 62) - 1))
             hid_all = torch.randn(max(widths), s.hidden, device=a.device, generator=g).bfloat16()
             res_all = torch.randn(max(widths), s.hidden, device=a.device, generator=g).bfloat16()
             for width in widths:
-                case = BenchCase(
+                cases = [BenchCase(
                     shape=s,
-                    weights=w,
+                    weights=ws[i],
                     inputs=_sub_inputs(inp_all, width),
-                    caches=caches,
+                    caches=layer_caches[i],
                     hidden=hid_all[:width].clone(),
                     residual=res_all[:width].clone(),
                     context=ctx,
                     width=width,
-                )
+                ) for i in range(a.layers)]
                 # Paths that return no routing (the monokernel) share the floor of the same
-                # case: same inputs and weights, so the same experts are read.
+                # cases: same inputs and weights, so the same experts are read.
                 case_experts = None
                 for pname in paths:
                     if a.max_seconds and time.time() - t_start > a.max_seconds:
                         print(f"time budget reached, skipping {sname} ctx {ctx} w {width} {pname}")
                         continue
                     try:
-                        r = _time_path(PATHS[pname](case), case, a.device, a.warmup, a.replays)
+                        steps = [PATHS[pname](c) for c in cases]
+                        r = _time_path(steps, a.device, a.warmup, a.replays)
+                        if not a.no_stamps and a.device == "cuda" and hasattr(steps[0], "profile"):
+                            r["stamps_us"] = steps[0].profile(steps)
                     except Exception as exc:  # keep the other points; the row records the error
                         print(f"FAILED {sname} ctx {ctx} w {width} {pname}: {exc!r}", flush=True)
                         errors.append(dict(shape=sname, context=ctx, width=width, path=pname, error=repr(exc)))
                         continue
-                    ne = r.get("distinct_experts", case_experts)
+                    ne = r.pop("distinct_experts_per_layer", case_experts)
                     if ne is None:
                         raise RuntimeError(f"path {pname!r} reports no routing: put 'unfused' before it in --paths")
-                    case_experts = r["distinct_experts"] = ne
-                    fb = floor_bytes(case, ne)
-                    floor_us = fb["total"] / HBM_BYTES_PER_S * 1e6
+                    case_experts = ne
+                    # a layer's floor: the mean over the rotation's layers (each reads its own experts)
+                    fbs = [floor_bytes(c, e) for c, e in zip(cases, ne)]
+                    fb = {k: sum(f[k] for f in fbs) // len(fbs) for k in fbs[0]}
+                    floor_us = fb["total"] / (ceiling_tbs * 1e12) * 1e6
                     row = dict(
                         shape=sname,
                         tp_size=s.tp_size,
                         context=ctx,
                         width=width,
                         path=pname,
+                        layers=a.layers,
                         bytes=fb,
                         floor_us=floor_us,
+                        ceiling_tbs=ceiling_tbs,
                         fraction=floor_us / r["us"],
+                        distinct_experts=statistics.mean(ne),
                         **r,
                     )
                     rows.append(row)
-                    print(_table([row]).splitlines()[1], flush=True)
-                    _write(a.out, _meta(a, argv, t_start), rows, errors)
+                    print("\n".join(_table([row]).splitlines()[1:]), flush=True)
+                    _write(a.out, _meta(a, argv, t_start, ceiling_tbs), rows, errors)
+                    del steps
                 if a.device == "cuda":
                     torch.cuda.empty_cache()
-            del caches
-        del w
+            del caches0, layer_caches
+        del ws
         if a.device == "cuda":
             torch.cuda.empty_cache()
-    meta = _meta(a, argv, t_start)
+    meta = _meta(a, argv, t_start, ceiling_tbs)
     _write(a.out, meta, rows, errors)
     _plot(rows, os.path.join(a.out, "glm53_bench.png"))
     print(_table(rows))

@@ -326,6 +326,8 @@ def test_bench_runs_on_cpu_tiny(tmp_path):
             "1",
             "--warmup",
             "0",
+            "--layers",
+            "2",
         ]
     )
     assert rc == 0
@@ -334,4 +336,38 @@ def test_bench_runs_on_cpu_tiny(tmp_path):
     data = json.loads((tmp_path / "glm53_bench.json").read_text())
     assert {r["shape"] for r in data["rows"]} == {"tp1", "tp8"} and not data["errors"]
     assert all(r["floor_us"] > 0 and r["bytes"]["total"] > 0 for r in data["rows"])
+    assert all(r["layers"] == 2 and r["ceiling_tbs"] == bench.HBM_BYTES_PER_S / 1e12 for r in data["rows"])
+    assert data["meta"]["layers"] == 2
     assert "unfused" in bench.PATHS
+
+
+def test_bench_rotation_runs_every_layer_and_times_per_layer():
+    """The timed step runs each layer's step once, in order; a layer's time is the rotation's
+    over the layer count; distinct experts come per layer."""
+    calls = []
+
+    class Out:
+        def __init__(self, ids):
+            self.aux = {"topk_ids": torch.tensor(ids)}
+
+    def make(i, ids):
+        def step():
+            calls.append(i)
+            return Out(ids)
+
+        step.check = lambda: calls.append(f"check{i}")
+        return step
+
+    steps = [make(0, [[1, 2], [2, 3]]), make(1, [[4, 4], [5, 6]])]
+    r = bench._time_path(steps, "cpu", warmup=0, replays=3)
+    assert calls == [0, 1] * 5, calls  # two eager runs, then the three timed ones
+    assert r["distinct_experts_per_layer"] == [3, 3]
+    rot = bench._rotation(steps)
+    rot.check()
+    assert calls[-2:] == ["check0", "check1"]
+
+
+def test_bench_refuses_an_empty_rotation(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--layers", "0"])
+    assert "at least one layer" in capsys.readouterr().err

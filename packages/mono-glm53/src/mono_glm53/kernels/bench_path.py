@@ -2,8 +2,9 @@
 
 The builder picks the smallest built width (2, 4, 8) that holds the case's rows, builds the
 kernel on the case's weights (read in place) and returns the fused launch as a zero-argument,
-graph-capturable step. `mono_glm53.bench.main` registers it itself on a GPU; another caller of
-the bench's PATHS calls `register()` first.
+graph-capturable step, with `check()` (the kernel's guard) and `profile(steps)`: the per-stage
+spans of a rotation of such steps (`rotation_profile`). `mono_glm53.bench.main` registers it
+itself on a GPU; another caller of the bench's PATHS calls `register()` first.
 """
 
 from __future__ import annotations
@@ -32,7 +33,18 @@ def build_mono(case):
     # The bench calls this after timing: in report mode an expired wait raises here instead
     # of the timed numbers passing silently.
     step.check = k.guard.check
+    step.kernel = k
+    step.profile = rotation_profile
     return step
+
+
+def rotation_profile(steps, replays: int = 10, samples: int = 5) -> dict[str, float]:
+    """Each stage's in-kernel span (us; "total": the launch) of a rotation of mono steps as the
+    bench times it (`kernels.stamps.stage_profile` over every layer's kernel)."""
+    from mono_glm53.kernels.stamps import stage_profile
+
+    prof = stage_profile([s.kernel for s in steps], lambda: [s() for s in steps], replays, samples)
+    return {name: v["span"] for name, v in prof.items()}
 
 
 def register() -> None:

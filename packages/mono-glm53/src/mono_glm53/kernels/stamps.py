@@ -3,8 +3,8 @@
 With `GlmLayerKernel.stamp` set, every program of a fused launch stores the device clock when
 it starts, when it reaches each hand-off (its part of the stage before is done), when it
 passes it, and when it ends (`stages.STAMP_W` entries a program). `summarize` turns one
-launch's stamps into per-stage numbers; `fused_stage_profile` replays a captured fused launch
-and summarizes its last replays. This measures the fused launch itself, so weights a stage
+launch's stamps into per-stage numbers; `stage_profile` replays captured fused launches (one
+kernel's, or a rotation of layers as the bench times it) and summarizes their last replays. This measures the fused launch itself, so weights a stage
 re-reads from L2 in the staged mode's back-to-back repeats are not flattered here.
 
 Per stage s (from the stamps, microseconds):
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-__all__ = ["summarize", "fused_stage_profile"]
+__all__ = ["summarize", "stage_profile", "fused_stage_profile"]
 
 
 def summarize(stamps, stage_names, ns_per_tick: float = 1.0) -> dict[str, dict[str, float]]:
@@ -45,27 +45,38 @@ def summarize(stamps, stage_names, ns_per_tick: float = 1.0) -> dict[str, dict[s
     return out
 
 
-def fused_stage_profile(k, caches, replays: int = 20, samples: int = 5) -> dict[str, dict[str, float]]:
-    """Median over `samples` of `summarize` of the last of `replays` back-to-back replays of a
-    captured fused launch of kernel object k (stamping on; off again after)."""
+def stage_profile(kernels, launch, replays: int = 20, samples: int = 5) -> dict[str, dict[str, float]]:
+    """Per-stage medians (span/busy/handoff, us) of the fused launches of kernel objects
+    `kernels` that `launch()` runs (one kernel's launch, or a rotation of layers): stamping on
+    in every kernel, `launch` captured as one graph; each of `samples` times, `replays` back-to-
+    back replays, then `summarize` of every kernel's last launch; the median over samples and
+    kernels. Stamping is off again after."""
     import torch
 
     from mono_common.graph_timing import capture
     from mono_common.guard_host import ticks_per_s
     from mono_glm53.kernels.stages import STAGE_NAMES
 
-    k.stamp = 1
+    for k in kernels:
+        k.stamp = 1
     try:
-        g = capture(lambda: k.launch(caches, "fused"), warm=1)
+        g = capture(launch, warm=1)
         sums = []
         for _ in range(samples):
             for _ in range(replays):
                 g.replay()
             torch.cuda.synchronize()
-            k.guard.check()
-            sums.append(summarize(k.stamps.cpu().tolist(), STAGE_NAMES, 1e9 / ticks_per_s(k.guard.clock)))
+            for k in kernels:
+                k.guard.check()
+                sums.append(summarize(k.stamps.cpu().tolist(), STAGE_NAMES, 1e9 / ticks_per_s(k.guard.clock)))
         del g
     finally:
-        k.stamp = 0
+        for k in kernels:
+            k.stamp = 0
     return {name: {key: statistics.median(s[name][key] for s in sums) for key in sums[0][name]}
             for name in sums[0]}
+
+
+def fused_stage_profile(k, caches, replays: int = 20, samples: int = 5) -> dict[str, dict[str, float]]:
+    """`stage_profile` of kernel object k's fused launch alone (its weights re-read each replay)."""
+    return stage_profile([k], lambda: k.launch(caches, "fused"), replays, samples)
