@@ -9,8 +9,6 @@ a program a step (one line a thread), and returns without waiting for anything.
   prefetch_range(pid, nprog, base, nbytes, ON): the lines of [base, base + nbytes) (any
       pointer type; nbytes a runtime or constexpr int), dealt over programs 0..nprog-1;
       ON (constexpr) False compiles to nothing.
-  prefetch_ranges(pid, nprog, base, stride, count, nbytes, ON): `count` ranges of `nbytes`
-      at base + i * stride (bytes), e.g. one expert's block of a stacked expert tensor each.
 
 ISA: sm_90 issues `prefetch.global.L2` (no register result, no completion to wait for).
 gfx950 has no L2-only prefetch instruction that Triton can emit; there the callers pass ON =
@@ -43,17 +41,3 @@ def prefetch_range(pid, nprog, base, nbytes, ON: tl.constexpr):
             ln = tl.minimum(l0 + lane, nlines - 1).to(tl.int64)
             _l2_prefetch(b + ln * LINE)
 
-
-@triton.jit
-def prefetch_ranges(pid, nprog, base, stride, count, nbytes, ON: tl.constexpr):
-    """`prefetch_range` of `count` ranges of `nbytes` each, range i at base + i * stride bytes:
-    their lines numbered as one sequence and dealt over the programs."""
-    if ON:
-        b = base.to(tl.pointer_type(tl.uint8)).to(tl.int64, bitcast=True)
-        per = (nbytes + LINE - 1) // LINE
-        nlines = per * count
-        lane = tl.arange(0, LANES)
-        for l0 in range(pid * LANES, nlines, nprog * LANES):
-            ln = tl.minimum(l0 + lane, nlines - 1).to(tl.int64)
-            r = ln // per
-            _l2_prefetch(b + r * stride + (ln - r * per) * LINE)
