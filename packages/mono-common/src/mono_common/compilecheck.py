@@ -93,10 +93,18 @@ def gpu_target(target: str):
 def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], pointer_align: int = 0):
     from triton.compiler import ASTSource
 
+    import inspect
+
     sig = dict(signature)
+    names = list(getattr(fn, "arg_names", sig.keys()))
+    # a constexpr argument with a default takes it, as a launch that does not pass it does
+    constexprs = dict(constexprs)
+    for n, prm in inspect.signature(getattr(fn, "fn", fn)).parameters.items():
+        if n not in sig and n not in constexprs and prm.default is not inspect.Parameter.empty \
+                and "constexpr" in str(prm.annotation):
+            constexprs[n] = prm.default
     for k in constexprs:
         sig.setdefault(k, "constexpr")
-    names = list(getattr(fn, "arg_names", sig.keys()))
     missing = [n for n in names if n not in sig]
     if missing:
         raise ValueError(f"{fn.__name__}: no type or constexpr value for {missing}")
@@ -168,7 +176,8 @@ def compile_kernel(fn, signature: Mapping[str, str], constexprs: Mapping[str, An
     """Compile `fn` (a @triton.jit function) for `target` on the CPU; return its Resources.
 
     signature: Triton type strings for the runtime arguments ("*fp32", "*bf16", "i32", "i64",
-    "fp32"); constexprs: values of the constexpr arguments. pointer_align=16 compiles what a
+    "fp32"); constexprs: values of the constexpr arguments (one with a default that is not given
+    takes its default, as in a launch; any other missing argument is an error). pointer_align=16 compiles what a
     launch with 16-byte aligned pointer arguments compiles (Triton's launch-time
     specialisation); 0 assumes nothing about them. amd_buffer_ops=False compiles as a launch
     under `mono_common.triton_knobs.amd_buffer_ops(False)` does."""

@@ -2,8 +2,9 @@
 in one launch, grid hand-offs between them and after each step) compiles for gfx950 and sm_90
 on the CPU with zero spills at GLM-5.3's rank shapes (hidden 6144, 256 experts top-8 + the
 shared one; intermediate 256 a TP8 rank, 512 a TP4 rank) and the layer's tiling, and fits the
-resident grid (2 programs per SM on sm_90, 1 per CU on gfx950); so does the stream-K gate_up
-(MoePlan span, a bench variant) at the TP8 rank."""
+resident grid (2 programs per SM on sm_90, 1 per CU on gfx950); so do the stream-K gate_up
+(MoePlan span, a bench variant) at the TP8 rank, and on sm_90 the pipelined down with the fast
+e4m3 conversion (the GLM-5.3 layer's TP8 form), one and two slots a down iteration."""
 
 import pytest
 
@@ -18,6 +19,8 @@ CASES = [(256, 1), (256, 2), (256, 8), (512, 2)]
 RESIDENT = {"sm_90": 2, "gfx950": 1}
 GRID = {"sm_90": 264, "gfx950": 256}
 STAGES = {"sm_90": 3, "gfx950": 2}
+# as `moe_host.launch_moe` launches: sm_90 with the layer's register budget
+OPTIONS = {"sm_90": {"maxnreg": 255}, "gfx950": {}}
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
@@ -32,7 +35,7 @@ def test_moe_entry_compiles_without_spills(target, case, record_property):
               KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, SPAN=p.span, PER=p.PER)
     # as a launch compiles: no AMD buffer ops, Triton's default pipelining depth per ISA
     res = cc.compile_kernel(moe_entry, SIG, ce, target, num_warps=p.num_warps, pointer_align=16,
-                            num_stages=STAGES[target], amd_buffer_ops=False)
+                            num_stages=STAGES[target], amd_buffer_ops=False, **OPTIONS[target])
     record_property("resources", f"moe I{inter} r{rows} KSG {p.KSG}: {cc.format_resources(res)}")
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
@@ -48,7 +51,31 @@ def test_moe_entry_span_compiles_without_spills(target, rows, record_property):
     ce = dict(W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
               KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, SPAN=True, PER=p.PER)
     res = cc.compile_kernel(moe_entry, SIG, ce, target, num_warps=p.num_warps, pointer_align=16,
-                            num_stages=STAGES[target], amd_buffer_ops=False)
+                            num_stages=STAGES[target], amd_buffer_ops=False, **OPTIONS[target])
     record_property("resources", f"moe span I256 r{rows} PER {p.PER} KSG {p.KSG}: {cc.format_resources(res)}")
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
+# (rows, down slots an iteration): the layer's form at every row count; two slots an iteration
+# (the bench's tiles2) at 2 and 8 rows (at 1 row the standalone entry spills 16 bytes with it)
+PIPELINED = [(1, 1), (2, 1), (8, 1), (2, 2), (8, 2)]
+
+
+@pytest.mark.parametrize("rows,step", PIPELINED, ids=lambda v: str(v))
+def test_moe_entry_pipelined_down_and_fast_conversion_compile_without_spills_on_sm90(rows, step, record_property):
+    # the GLM-5.3 layer's sm_90 form at a TP8 rank (down pipelined 3 deep, the PTX e4m3
+    # conversion; mono_glm53.kernels.layer.isa_options): sm_90 only, the conversion's PTX does
+    # not exist on gfx950
+    from mono_common.stages.entries import moe_entry
+    from mono_common.stages.moe_host import MoePlan
+
+    p = MoePlan.make(6144, 256, 256, 8, rows, GRID["sm_90"], down_stages=3, fastcvt=True, down_step=step)
+    ce = dict(W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
+              KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, DSTG=3, FASTCVT=True, DSTEP=step)
+    res = cc.compile_kernel(moe_entry, SIG, ce, "sm_90", num_warps=p.num_warps, pointer_align=16,
+                            num_stages=STAGES["sm_90"], amd_buffer_ops=False, **OPTIONS["sm_90"])
+    record_property("resources", f"moe down3 cvt step{step} r{rows}: {cc.format_resources(res)}")
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
+    assert "mul.rn.bf16x2" in res.asm["ptx"]  # the fast conversion is in the binary

@@ -30,7 +30,8 @@ def _rel(got, ref):
     dict(bn=128, span=False, ks=2), dict(bn=64, span=False, ks=4), dict(bn=128, span=True),
     dict(bn=128, span=True, pre=True), dict(bn=256, span=True, pre=True), dict(bn=32, span=False, ks=1, pre=True),
     dict(bn=128, span=True, dot=1), dict(bn=64, span=False, ks=2, dot=2, pre=True),
-], ids=["k128", "k64", "s128", "s128p", "s256p", "k32p", "s128w", "k64fp"])
+    dict(bn=128, span=True, dot=2, lstg=3), dict(bn=64, span=False, ks=2, lstg=2),
+], ids=["k128", "k64", "s128", "s128p", "s256p", "k32p", "s128w", "k64fp", "s128fl", "k64l"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fp8_gemv_matches_reference(kw, rows):
     x, w, s = _weights()
@@ -90,3 +91,24 @@ def test_plan_refuses_bad_tiles():
         GemvPlan.make(N, K, 1, 3, bn=24)
     with pytest.raises(ValueError, match="does not divide"):
         GemvPlan.make(N, K, 1, 3, span=False, ks=3)
+
+
+@pytest.mark.parametrize("form", [dict(lstg=3), dict(lstg=2)], ids=["pipelined3", "pipelined2"])
+@pytest.mark.parametrize("tiling", [dict(bn=128, span=True, dot=2), dict(bn=64, span=False, ks=2)],
+                         ids=["span-fp8mma", "splitk"])
+def test_loop_forms_give_the_same_bits(form, tiling):
+    # the loop pipelined with every load reorders loads, not sums: bit-equal to the default
+    # form, with x quantised in the loop and pre-quantised
+    from mono_common.stages.gemv_host import alloc_out, launch_gemv
+
+    x, w, s = _weights()
+    xq, xs = per_token_group_quant(x[:3], 128)
+    xq = xq.to(torch.bfloat16)
+    for args in ((x[:3], None), (xq, xs.contiguous())):
+        outs = []
+        for kw in ({}, form):
+            plan = GemvPlan.make(N, K, 3, nprog=3, **tiling, **kw)
+            out = alloc_out(plan, 1, "cpu")
+            launch_gemv(plan, args[0], w, s, out, xs=args[1])
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1])

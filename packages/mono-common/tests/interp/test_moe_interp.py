@@ -109,6 +109,55 @@ def test_moe_span_gateup_matches_the_reference_and_the_tiles(pattern, W, K, npro
     _compare(got, tiles)
 
 
+@pytest.mark.parametrize("form", [dict(down_stages=3), dict(down_stages=2, fastcvt=True),
+                                  dict(down_stages=3, down_step=2), dict(gate_stages=3)],
+                         ids=["down-pipelined", "down-pipelined-fastcvt", "down-two-slots", "gate-pipelined"])
+@pytest.mark.parametrize("pattern,W,K,ksg", [("distinct", 3, 4, None), ("distinct", 2, 4, 2), ("overlap", 4, 3, None),
+                                             ("empty", 2, 2, None)],
+                         ids=["distinct", "distinct-splitk", "overlap-zero-weight", "shared-only"])
+def test_moe_loop_forms_give_the_same_bits(form, pattern, W, K, ksg):
+    # the pipelined down slot loop (slot 0's weights picked by pointer, two slots an iteration
+    # with the odd last one dropped) and gate_up's pipelined k-loops reorder loads, never sums:
+    # the default form's bits (fastcvt is the cast under the interpreter; its sm_90 path is
+    # checked code by code on the GPU)
+    g = torch.Generator().manual_seed(W * 10 + K + 7)
+    experts, shared = _weights(2, seed=3)
+    ids, wts = _lists(pattern, W, K, g)
+    ids2, wts2 = _lists("distinct", W, K, g)
+    ids, wts = torch.stack([ids, ids2]), torch.stack([wts, wts2])
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    want = run_moe(MoePlan.make(H, I, E, K, W, nprog=3, ksg=ksg), x, ids, wts, experts, shared, SCALE, staged=True)
+    got = run_moe(MoePlan.make(H, I, E, K, W, nprog=3, ksg=ksg, **form), x, ids, wts, experts, shared, SCALE,
+                  staged=True)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    ref = moe_over_slots(x, ids[0], wts[0], experts, tuple(t[0] for t in shared), SCALE)
+    _compare(got[0], ref)
+
+
+@pytest.mark.parametrize("bn,span,gdot", [(64, False, 1), (128, False, 1), (128, True, 1), (64, True, 0)],
+                         ids=["tiles-wx64", "tiles-wx128", "spans-wx128", "spans-xw64"])
+def test_moe_bf16_gateup_forms_match_the_reference(bn, span, gdot):
+    # gate_up with the weights on the MMA's M side, or as stream-K spans on bf16 MMAs: the same
+    # exact products, summed in another order, so the reference's bound rather than the bits
+    g = torch.Generator().manual_seed(31)
+    experts, shared = _weights(1, seed=4)
+    W, K = 3, 4
+    ids, wts = _lists("overlap", W, K, g)
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=3, bn=bn, span=span, gate_dot=gdot, down_stages=2, down_step=2)
+    got = run_moe(plan, x, ids[None], wts[None], experts, shared, SCALE, staged=True)[0]
+    _compare(got, moe_over_slots(x, ids, wts, experts, tuple(t[0] for t in shared), SCALE))
+
+
+def test_moe_loop_form_options_are_checked():
+    with pytest.raises(ValueError, match="down step"):
+        MoePlan.make(H, I, E, 2, 1, 4, down_step=2)
+    with pytest.raises(ValueError, match="MMA form"):
+        MoePlan.make(H, I, E, 2, 1, 4, gate_dot=2)  # the e4m3 form is the spans' only
+    with pytest.raises(ValueError, match="depths"):
+        MoePlan.make(H, I, E, 2, 1, 4, gate_stages=-1)
+
+
 def test_moe_span_steps_leave_no_stale_partials():
     # two steps share gu: a step with many slots then one with few (one of them empty lists)
     # must not read the first step's partials

@@ -58,6 +58,24 @@ def test_biased_routing_matches_the_reference(rows):
     assert used.tolist() == (want > 0).any(0).int().tolist()
 
 
+def test_biased_routing_breaks_ties_to_the_lower_expert_and_orders_negative_scores():
+    # exact ties of score + bias (equal logits, equal biases) go to the lower expert id, and
+    # negative score + bias values (a bias below -1) order below positive ones and among
+    # themselves by value: the packed-key pick must agree with a stable descending sort
+    E, top_k = 64, 8
+    logits = torch.zeros(2, E)
+    logits[0, 40:] = 1.0  # the even ones of these 24 experts tie on the top score: the 8 lowest win
+    bias = torch.zeros(E)
+    bias[1::2] = -3.0  # odd experts score + bias negative
+    logits[1] = torch.linspace(-2, 2, E)
+    w, used = H.run_routing(logits, bias, top_k)
+    b = logits.sigmoid() + bias
+    want_ids = torch.sort(b, dim=1, descending=True, stable=True).indices[:, :top_k]
+    assert [sorted(torch.nonzero(w[r]).flatten().tolist()) for r in range(2)] == \
+        [sorted(want_ids[r].tolist()) for r in range(2)]
+    assert sorted(torch.nonzero(w[0]).flatten().tolist()) == list(range(40, 56, 2))
+
+
 def test_rmsnorm_matches_the_reference():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 256, generator=g).to(torch.bfloat16)

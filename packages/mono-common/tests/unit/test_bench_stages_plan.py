@@ -45,12 +45,23 @@ def test_a_subset_of_stages_rows_and_keys():
 
 @pytest.mark.parametrize("argv", [["--stages", "gemv,bogus"], ["--rows", "1,x"], ["--rows", "0"],
                                   ["--shapes", "2048"], ["--variants", "nope"], ["--mla-variants", "ct8"],
-                                  ["--handoffs", "0"], ["--stages", ""]])
+                                  ["--handoffs", "0"], ["--stages", ""], ["--expert-variants", "fused,nope"],
+                                  ["--expert-shapes", "glm53-tp3"]])
 def test_bad_arguments_exit_2_with_a_reason(argv, capsys):
     with pytest.raises(SystemExit) as e:
         B.parse_args(argv)
     assert e.value.code == 2
     assert "error: argument" in capsys.readouterr().err
+
+
+def test_expert_variants_and_shapes_are_picked_by_name():
+    from mono_common.bench.expert import EXPERT_SHAPES, EXPERT_VARIANTS
+
+    a = B.parse_args(["--stages", "expert", "--expert-variants", "fused,pipe3cvt", "--expert-shapes", "glm53-tp8"])
+    assert a.expert_variants == ["fused", "pipe3cvt"] and a.expert_shapes == ["glm53-tp8"]
+    a = B.parse_args([])
+    assert a.expert_variants is None and a.expert_shapes is None  # every one of them
+    assert {"fused", "pipe3cvt", "tiles2"} <= set(EXPERT_VARIANTS) and "glm53-tp4" in EXPERT_SHAPES
 
 
 def test_sets_rotate_past_3x_the_l2_where_the_bytes_matter():
@@ -98,22 +109,24 @@ def test_rows_print_time_floor_and_check():
 def test_the_expert_stage_is_its_modules(monkeypatch):
     seen = {}
 
-    def bench_expert(torch, dev, nprog, ceiling, replays):
-        seen.update(nprog=nprog, ceiling=ceiling, replays=replays)
+    def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, variants=None):
+        seen.update(nprog=nprog, ceiling=ceiling, replays=replays, shapes=shapes, variants=variants)
         return [dict(stage="expert", shape="9x2048x6144", rows=1, variant="slots", us_bar=40.0, frac_bar=0.7)]
 
     fake = types.ModuleType("mono_common.bench.expert")
     fake.bench_expert = bench_expert
-    fake.warm_expert = lambda nprog, workers: seen.update(warm=(nprog, workers))
+    fake.warm_expert = lambda nprog, workers, shapes, variants: seen.update(warm=(nprog, workers, shapes, variants))
     monkeypatch.setitem(sys.modules, "mono_common.bench.expert", fake)
     printed = []
-    rows = B.bench_expert_rows(None, "cuda", 264, 4.2, 30, out=printed.append)
-    assert rows[0]["us_bar"] == 40.0 and seen == dict(nprog=264, ceiling=4.2, replays=30)
+    rows = B.bench_expert_rows(None, "cuda", 264, 4.2, 30, out=printed.append, shapes=["glm53-tp8"],
+                               variants=["fused"])
+    assert rows[0]["us_bar"] == 40.0
+    assert seen == dict(nprog=264, ceiling=4.2, replays=30, shapes=["glm53-tp8"], variants=["fused"])
     assert printed == []  # its module prints its rows
-    B.warm_expert(264, 8)
-    assert seen["warm"] == (264, 8)
+    B.warm_expert(264, 8, ["glm53-tp8"], None)
+    assert seen["warm"] == (264, 8, ["glm53-tp8"], None)
 
-    def broken(*args):
+    def broken(*args, **kw):
         raise RuntimeError("no such tile")
 
     fake.bench_expert = broken

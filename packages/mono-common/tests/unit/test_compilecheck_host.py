@@ -58,3 +58,18 @@ def test_source_digest_of_functions_changes_with_source():
 
     assert cc.source_digest(f) != cc.source_digest(g)
     assert cc.source_digest(f, g) == cc.source_digest(g, f)
+
+
+def test_constexprs_with_defaults_take_them_and_others_must_be_given():
+    triton = pytest.importorskip("triton")
+    tl = pytest.importorskip("triton.language")
+
+    @triton.jit
+    def k(x_ptr, N: tl.constexpr, FAST: tl.constexpr = False, DEPTH: tl.constexpr = 3):
+        tl.store(x_ptr + tl.arange(0, N), tl.zeros([N], tl.float32) + FAST + DEPTH)
+
+    src = cc._ast_source(k, {"x_ptr": "*fp32"}, {"N": 16, "DEPTH": 2})
+    # keyed by argument position (Triton 3.6 / 3.8): N given, FAST its default, DEPTH given
+    assert dict(src.constants) == {(1,): 16, (2,): False, (3,): 2}
+    with pytest.raises(ValueError, match=r"no type or constexpr value for \['N'\]"):
+        cc._ast_source(k, {"x_ptr": "*fp32"}, {})

@@ -27,10 +27,29 @@ EXPERT_SHAPES = {
 ROTATE_BYTES = 256 << 20  # > 3x the H200's 60 MB L2 (and MI355X's 4 MB L2 x 8 XCDs + 256 MB MALL)
 # name -> MoePlan.make options, timed side by side on the same lists, x and weights: "fused" the
 # layer's form (64-column split-K gate_up tiles on bf16 MMAs), "span" gate_up as 128-column
-# stream-K spans on e4m3 MMAs (the dense GEMV's faster form; not yet measured on a GPU)
+# stream-K spans on e4m3 MMAs (the dense GEMV's faster form)
 EXPERT_VARIANTS = {
     "fused": dict(),
     "span": dict(span=True),
+    # down's slot loop pipelined 3 deep, every load (weights, x, scales, routing weights) in flight
+    "pipe3": dict(down_stages=3),
+    # + the e4m3 weights converted on sm_90's integer and bf16 pipes (gate_up's and down's)
+    "cvt": dict(fastcvt=True),
+    "pipe3cvt": dict(down_stages=3, fastcvt=True),
+    # and on top of pipe3cvt: down 4 deep; two slots a down iteration; gate_up swap-AB (weights
+    # on the MMA's M side); gate_up's k-loops with every load pipelined; both; 128-column tiles
+    "d4": dict(down_stages=4, fastcvt=True),
+    "dstep2": dict(down_stages=3, fastcvt=True, down_step=2),
+    "gwx": dict(down_stages=3, fastcvt=True, gate_dot=1),
+    "gl3": dict(down_stages=3, fastcvt=True, gate_stages=3),
+    "gwxl3": dict(down_stages=3, fastcvt=True, gate_dot=1, gate_stages=3),
+    "gwx128": dict(down_stages=3, fastcvt=True, gate_dot=1, bn=128),
+    # gate_up as stream-K spans (every program the same bytes, whatever the slot count) on bf16
+    # MMAs, weights converted fast; down pipelined, two slots an iteration
+    "spwx": dict(span=True, gate_dot=1, fastcvt=True, down_stages=3, down_step=2),
+    "spxw": dict(span=True, gate_dot=0, bn=64, fastcvt=True, down_stages=3, down_step=2),
+    "spwx64": dict(span=True, gate_dot=1, bn=64, fastcvt=True, down_stages=3, down_step=2),
+    "tiles2": dict(fastcvt=True, down_stages=3, down_step=2),  # spills 16 bytes at 1 row (sm_90)
 }
 
 
@@ -65,7 +84,7 @@ def _steps(torch, E, K, rows, per_step, gen, device):
 
 
 def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1, 2, 8), check=True,
-                 variants=None) -> list[dict]:
+                 variants=None, quiet=False) -> list[dict]:
     """One row per (shape, rows, variant of EXPERT_VARIANTS: all unless `variants` names some):
     keys as `bench.stages.bench_gemv`'s rows (stage, shape, rows, variant, BN, KS, PER, L,
     bytes, floor_us, us_bar / frac_bar with a hand-off after each step, us_nobar / frac_nobar
@@ -143,11 +162,34 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
                 row["seconds"] = round(time.time() - t0, 1)
                 res.append(row)
-                _print_row(row)
+                if not quiet:
+                    _print_row(row)
             del shared
         del experts
         torch.cuda.empty_cache()
     return res
+
+
+def _warm_one(name: str, rows: int, variant: str, nprog: int) -> None:
+    import torch
+
+    bench_expert(torch, torch.device("cuda"), nprog, 1.0, 1, shapes=[name], rows_list=(rows,), check=False,
+                 variants=[variant], quiet=True)
+
+
+def warm_expert(nprog: int, workers: int, shapes=None, variants=None, rows_list=(1, 2, 8)) -> None:
+    """Compile every (shape, rows, variant) case's kernel in `workers` processes at once (each
+    runs its case once, untimed): Triton's disk cache then holds them for the timed run."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    cases = [(n, r, v, nprog) for n in shapes or EXPERT_SHAPES for r in rows_list for v in variants or EXPERT_VARIANTS]
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as ex:
+        for f in cf.as_completed([ex.submit(_warm_one, *c) for c in cases]):
+            try:
+                f.result()
+            except Exception as e:  # the timed run reports it per case
+                print(f"expert warm-up failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
 
 
 def _print_row(r):

@@ -53,6 +53,10 @@ GEMV_VARIANTS = {
     "s128fq": dict(bn=128, span=True, num_warps=4, dot=2, xq=True),  # + x quantised by its producer
     "s128fqp": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, pre=True),  # + register prefetch
     "s128fqh": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, hflag=True),  # s128fq, flag hand-off
+    # the k-loop pipelined 3 deep, every load (scales, and x where the loop quantises it); H200,
+    # session 14: 0.2-0.7 us slower than s128f / s128fq at every shape and row count
+    "s128fl": dict(bn=128, span=True, num_warps=4, dot=2, lstg=3),
+    "s128fql": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, lstg=3),
     "s256fq": dict(bn=256, span=True, num_warps=8, dot=2, xq=True),
     "s256fq4": dict(bn=256, span=True, num_warps=4, dot=2, xq=True),
 }
@@ -340,7 +344,7 @@ def bench_jobs(torch, dev, jobs, ceiling, replays, check=True, out=print) -> lis
     return res
 
 
-def bench_expert_rows(torch, dev, nprog, ceiling, replays, out=print) -> list[dict]:
+def bench_expert_rows(torch, dev, nprog, ceiling, replays, out=print, shapes=None, variants=None) -> list[dict]:
     """`mono_common.bench.expert.bench_expert`'s rows (it prints them itself), or one row saying
     why there are none (printed here)."""
     try:
@@ -349,22 +353,26 @@ def bench_expert_rows(torch, dev, nprog, ceiling, replays, out=print) -> list[di
         row = dict(stage="expert", error=f"mono_common.bench.expert is not available: {e}")
     else:
         try:
-            return list(bench_expert(torch, dev, nprog, ceiling, replays))
+            return list(bench_expert(torch, dev, nprog, ceiling, replays, shapes=shapes, variants=variants))
         except Exception as e:
             row = dict(stage="expert", error=f"{type(e).__name__}: {e}"[:300])
     out(format_row(row))
     return [row]
 
 
-def warm_expert(nprog: int, workers: int) -> None:
-    """The expert module's own warm-up (`warm_expert(nprog, workers)`), where it has one."""
+def warm_expert(nprog: int, workers: int, shapes=None, variants=None) -> None:
+    """The expert module's own warm-up (`warm_expert(nprog, workers, shapes, variants)`), where it
+    has one."""
+    import importlib
+
     try:
-        from mono_common.bench import expert
+        # by its module name, as bench_expert_rows imports it (a package attribute can be stale)
+        expert = importlib.import_module("mono_common.bench.expert")
     except ImportError:
         return
     hook = getattr(expert, "warm_expert", None)
     if hook is not None:
-        hook(nprog, workers)
+        hook(nprog, workers, shapes, variants)
 
 
 def _warm_one(job: Job, device: str = "cuda") -> Job:
@@ -543,6 +551,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--variants", type=_csv("GEMV variants", tuple(GEMV_VARIANTS)), default=list(GEMV_VARIANTS))
     ap.add_argument("--keys", type=_csv("keys"), default=list(TOPK_KEYS), help="top-k key counts")
     ap.add_argument("--mla-variants", type=_csv("MLA variants", tuple(MLA_VARIANTS)), default=list(MLA_VARIANTS))
+    from mono_common.bench.expert import EXPERT_SHAPES, EXPERT_VARIANTS
+
+    ap.add_argument("--expert-variants", type=_csv("expert variants", tuple(EXPERT_VARIANTS)), default=None,
+                    help="expert stage variants (mono_common.bench.expert.EXPERT_VARIANTS; default: all)")
+    ap.add_argument("--expert-shapes", type=_csv("expert shapes", tuple(EXPERT_SHAPES)), default=None,
+                    help="expert stage shapes (mono_common.bench.expert.EXPERT_SHAPES; default: all)")
     ap.add_argument("--handoffs", type=_positive, default=HANDOFFS, help="hand-offs a launch (handoff stage)")
     ap.add_argument("--nprog", type=int, default=0, help="programs (default 2 per SM)")
     ap.add_argument("--replays", type=_positive, default=30)
@@ -589,13 +603,14 @@ def main(argv=None) -> int:
         warm(jobs, a.jobs)
         print(f"compiled {len(jobs)} cases in {time.time() - t0:.0f} s", flush=True)
     if a.jobs and "expert" in a.stages:
-        warm_expert(nprog, a.jobs)
+        warm_expert(nprog, a.jobs, a.expert_shapes, a.expert_variants)
     ceiling = read_ceiling_tbs(nprog=nprog)
     print(f"read ceiling: {ceiling:.3f} TB/s ({nprog} programs x 16 KB, 2 GiB)", flush=True)
     res = bench_jobs(torch, dev, jobs, ceiling, a.replays, check=not a.no_check,
                      out=lambda s: print(s, flush=True))
     if "expert" in a.stages:
-        res += bench_expert_rows(torch, dev, nprog, ceiling, a.replays, out=lambda s: print(s, flush=True))
+        res += bench_expert_rows(torch, dev, nprog, ceiling, a.replays, out=lambda s: print(s, flush=True),
+                                 shapes=a.expert_shapes, variants=a.expert_variants)
     os.makedirs(a.out, exist_ok=True)
     meta = dict(device=torch.cuda.get_device_name(dev), torch=torch.__version__,
                 triton=__import__("triton").__version__, ceiling_tbs=ceiling, nprog=nprog, stages=a.stages,

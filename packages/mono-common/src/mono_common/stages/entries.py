@@ -49,7 +49,8 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                N: tl.constexpr, K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
-               PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False):
+               PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
+               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False):
     # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -62,10 +63,11 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     ol = out_ptr
     for li in range(L):
         if SPAN:
-            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT)
+            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG, FASTCVT)
         else:
             for t in range(pid, T, nprog):
-                gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT)
+                gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
+                          FASTCVT)
         if BAR == 2:
             grid_handoff_flag(bar_ptr, (li + 1) * nprog, AMD)
         elif BAR:
@@ -144,7 +146,9 @@ def _moe_step(tab, li, arrived, routed_scale,
               W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
               K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
-              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
+              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
+              DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
     """Step li of `moe_entry`; `arrived`: the hand-off count so far (returned updated)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -167,7 +171,7 @@ def _moe_step(tab, li, arrived, routed_scale,
         moe_gateup(pid, nprog, used, csum, nu, _tp(tab, MOE_XQ, tl.bfloat16), _tp(tab, MOE_XS, f32),
                    _tp(tab, MOE_W13, u8), _tp(tab, MOE_S13, f32), _tp(tab, MOE_WSH13, u8) + l64 * sh13_l,
                    _tp(tab, MOE_SSH13, f32) + l64 * ss13_l, _tp(tab, MOE_GU, f32), W, BM, H, E, I, BN, BLK, KSG,
-                   NSLOT, SPAN, PER)
+                   NSLOT, SPAN, PER, FASTCVT, GDOT, GSTG)
     if FIRST <= 0 and LAST >= 1:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
@@ -181,7 +185,7 @@ def _moe_step(tab, li, arrived, routed_scale,
         moe_down(pid, nprog, _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
                  _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l, _tp(tab, MOE_SSH2, f32) + l64 * ss2_l,
                  se, sw, ns, _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM, H, I, BND, BLK,
-                 NSLOT)
+                 NSLOT, DSTG, FASTCVT, DSTEP)
     if BAR:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
@@ -193,7 +197,9 @@ def moe_entry(tab, routed_scale, L0, L,
               W: tl.constexpr, BM: tl.constexpr, WP2: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
               K: tl.constexpr, I: tl.constexpr, BN: tl.constexpr, BND: tl.constexpr, BI: tl.constexpr,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
-              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
+              LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
+              DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
     """Stages FIRST..LAST of `stages.moe` (0 gate_up, 1 SiLU, 2 down) for steps L0..L0+L-1.
     Step l reads its lists ids / wts [l] [W, K], the routed experts they name from the one pool
     w13 / w2 (lists naming other experts each step rotate the reads through it) and its own
@@ -202,11 +208,14 @@ def moe_entry(tab, routed_scale, L0, L,
     be resident); one launch a stage needs none (the interpreter's mode). BAR adds one after
     each step's down. The tensors come in a pointer table (`MOE_*` slots), as the layer's do:
     as twenty pointer arguments they would hold gfx950's scalar registers through every stage.
-    SPAN / PER: gate_up as stream-K spans (`stages.moe.moe_gateup`), a bench variant."""
+    SPAN / PER: gate_up as stream-K spans (`stages.moe.moe_gateup`), a bench variant. DSTG:
+    down's slot loop pipelined DSTG deep, DSTEP slots an iteration; FASTCVT: e4m3 weights
+    converted on sm_90's integer and bf16 pipes; GDOT / GSTG: gate_up's MMA form and k-loop
+    depth (`stages.moe`)."""
     arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
     # no loop-invariant code motion: the lane masks and offsets of the three stages do not
     # change from step to step, and hoisted out of the loop they held gfx950's scalar registers
     # through every stage (40 SGPR spills at the TP8 rank shape, 2 rows)
     for li in tl.range(L0, L0 + L, disable_licm=True):
         arrived = _moe_step(tab, li, arrived, routed_scale, W, BM, WP2, H, E, K, I, BN, BND, BI, BLK, KSG, NSLOT,
-                            FIRST, LAST, BAR, SPAN, PER)
+                            FIRST, LAST, BAR, SPAN, PER, DSTG, FASTCVT, DSTEP, GDOT, GSTG)

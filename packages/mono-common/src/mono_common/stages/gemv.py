@@ -22,13 +22,14 @@ Two ways to split the work over the resident programs:
 A column tile is BN columns (a multiple of 16, BN <= 2 * BLK: each K step loads a [BN, BLK]
 weight block, BN * BLK bytes in flight per program per step for FP8). PRE issues the next
 block's weight load before the current block's math (a register double buffer), so two blocks
-are in flight.
+are in flight. LSTG pipelines the k-loop with every load (`_kloop`); FASTCVT converts the bf16
+MMA forms' e4m3 weights on sm_90's integer and bf16 pipes (`numerics.e4m3_bf16`).
 """
 
 import triton
 import triton.language as tl
 
-from mono_common.stages.numerics import dot, dot_fp8, quant_rows
+from mono_common.stages.numerics import dot, dot_fp8, e4m3_bf16, quant_rows
 
 FMT_BF16 = tl.constexpr(0)
 FMT_FP8 = tl.constexpr(1)
@@ -54,9 +55,10 @@ def _load_w(w_ptr, cols, cmask, kb, K: tl.constexpr, BLK: tl.constexpr, FMT: tl.
 @triton.jit
 def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
             K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
-            DOT: tl.constexpr):
+            DOT: tl.constexpr, FASTCVT: tl.constexpr = False):
     """acc += the contribution of K block kb, its weight block w [BN, BLK] loaded. acc is
-    [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side)."""
+    [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side).
+    FASTCVT: the bf16 MMA forms convert the e4m3 weights with `numerics.e4m3_bf16`'s sm_90 path."""
     NKB: tl.constexpr = K // BLK
     kk = tl.arange(0, BLK)
     x = tl.load(x_ptr + rows[:, None] * sx + (kb * BLK + kk)[None, :], mask=rmask[:, None], other=0.0)
@@ -68,10 +70,10 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
         else:
             xq, sxq = quant_rows(x.to(tl.float32), BM)
         if DOT == DOT_XW:
-            wv = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            wv = e4m3_bf16(w, FASTCVT)
             acc += dot(xq, tl.trans(wv)) * (sxq[:, None] * sw[None, :])
         elif DOT == DOT_WX:
-            wv = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            wv = e4m3_bf16(w, FASTCVT)
             acc += dot(wv, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
         else:
             acc += dot_fp8(w, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
@@ -86,18 +88,31 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
 @triton.jit
 def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
            K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
-           XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr):
-    """acc += K blocks kb0 .. kb1-1 of one column tile, in K order."""
+           XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr, LSTG: tl.constexpr = 0,
+           FASTCVT: tl.constexpr = False):
+    """acc += K blocks kb0 .. kb1-1 of one column tile, in K order. LSTG > 0 (not with PRE):
+    the loop is pipelined LSTG deep with all its loads (without it Triton pipelines only the
+    MMA operands, so the scales, and an x quantised in the loop, cost one memory round trip a
+    K block; measured at GLM-5.3's dense shapes it gained nothing: `bench.stages` s128fql)."""
     if PRE:
         wn = _load_w(w_ptr, cols, cmask, kb0, K, BLK, FMT)
         for kb in range(kb0, kb1):
             w = wn
             wn = _load_w(w_ptr, cols, cmask, kb + 1, K, BLK, FMT, kb + 1 < kb1)
-            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT)
+            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
+                          FASTCVT)
+    elif LSTG > 0:
+        # an explicit depth makes Triton pipeline every load of the loop (scales and an x that is
+        # quantised here included), not only the MMA operands (sm_90 TTGIR, Triton 3.6 and 3.8)
+        for kb in tl.range(kb0, kb1, num_stages=LSTG):
+            w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
+            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
+                          FASTCVT)
     else:
         for kb in range(kb0, kb1):
             w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
-            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT)
+            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
+                          FASTCVT)
     return acc
 
 
@@ -123,8 +138,10 @@ def _store(o_ptr, acc, rows, rmask, cols, cmask, NSTR: tl.constexpr, DOT: tl.con
 def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               KS: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
-              PRE: tl.constexpr = False, DOT: tl.constexpr = 0):
-    """Split-K tile t: out[t % KS, :W, column tile t // KS] = the K slice t % KS of x @ w^T."""
+              PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
+              FASTCVT: tl.constexpr = False):
+    """Split-K tile t: out[t % KS, :W, column tile t // KS] = the K slice t % KS of x @ w^T.
+    LSTG: the k-loop's pipelining depth (`_kloop`); FASTCVT: `_kblock`'s."""
     nt = t // KS
     ks = t % KS
     NKS: tl.constexpr = K // BLK // KS
@@ -134,7 +151,7 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
     cmask = cols < N
     acc = _zero_acc(BM, BN, DOT)
     acc = _kloop(acc, ks * NKS, ks * NKS + NKS, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-                 K, BM, BLK, FMT, XQ, PRE, DOT)
+                 K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
     _store(out_ptr + ks * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
 
 
@@ -142,9 +159,11 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
 def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               PER: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
-              PRE: tl.constexpr = False, DOT: tl.constexpr = 0):
+              PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
+              FASTCVT: tl.constexpr = False):
     """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
-    tile-major order; each column tile it touches gets one partial in slot p - first(tile)."""
+    tile-major order; each column tile it touches gets one partial in slot p - first(tile).
+    LSTG, FASTCVT: as `gemv_tile`'s."""
     NKB: tl.constexpr = K // BLK
     NT = (N + BN - 1) // BN
     i0 = p * PER
@@ -159,7 +178,7 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
         cmask = cols < N
         acc = _zero_acc(BM, BN, DOT)
         acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-                     K, BM, BLK, FMT, XQ, PRE, DOT)
+                     K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
         slot = p - (nt * NKB) // PER
         _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
         i = nt * NKB + kb1

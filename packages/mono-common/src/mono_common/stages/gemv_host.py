@@ -35,6 +35,7 @@ class GemvPlan:
     pre: bool = False
     num_warps: int = 4
     dot: int = 0  # stages.gemv DOT_XW (0), DOT_WX (1), DOT_WX_FP8 (2)
+    lstg: int = 0  # k-loops pipelined this deep, every load (0: Triton's default, MMA operands)
 
     @property
     def BM(self) -> int:
@@ -47,19 +48,23 @@ class GemvPlan:
 
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
-             pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0) -> GemvPlan:
+             pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
+             lstg: int = 0) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
             raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
+        if lstg < 0 or (lstg and pre):
+            raise ValueError(f"pipelining depth {lstg}: 0 (off) or more, and not with the register prefetch (pre)")
         nkb = K // blk
         if span:
-            return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot)
+            return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot,
+                            lstg)
         if ks is None:
             ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
             raise ValueError(f"split-K {ks} does not divide the {nkb} K blocks")
-        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot)
+        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot, lstg)
 
 
 def alloc_out(plan: GemvPlan, L: int, device):
@@ -97,6 +102,9 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         x, xs if xq else x, w, s, out, bar, L,
         N=N, K=K, W=plan.W, BM=plan.BM, BN=plan.BN, BLK=plan.BLK, KS=plan.KS, PER=plan.PER, SLOTS=plan.slots,
         SPAN=plan.span, FMT=FMT_FP8.value if fmt == "fp8" else FMT_BF16.value, XQ=xq, PRE=plan.pre, DOT=plan.dot,
+        LSTG=plan.lstg,
+        # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
+        FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
         num_warps=plan.num_warps, **coop)
     return out

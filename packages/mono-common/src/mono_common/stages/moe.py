@@ -30,13 +30,17 @@ GEMM -> bf16, SiLU(g) * u in fp32 rounded once to bf16, requantised per BLK grou
 -> bf16 per expert, then bf16(y * weight) per slot, an fp32 sum in slot order and one scaling.
 Every split-K partial is summed by its consumer in a fixed order, so results never depend on
 timing. Reference: `mono_common.ref.moe`.
+
+Loop forms (constexprs, the same sums in the same order): down's slots as one pipelined loop
+(DSTG deep, DSTEP slots an iteration), gate_up's MMA form and k-loop depth (GDOT, GSTG), and
+the e4m3 weights converted on sm_90's integer and bf16 pipes (FASTCVT).
 """
 
 import triton
 import triton.language as tl
 
 from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
-from mono_common.stages.numerics import bf16r, div_rn, dot, quant_blocks, rbf
+from mono_common.stages.numerics import bf16r, div_rn, dot, e4m3_bf16, quant_blocks, rbf
 from mono_common.stages.prefetch import prefetch_range
 
 
@@ -101,7 +105,8 @@ def prefetch_slots(pid, nprog, used, csum, nu, w_ptr, EB: tl.constexpr, E: tl.co
 def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
                BN: tl.constexpr, BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr,
-               SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
+               SPAN: tl.constexpr = False, PER: tl.constexpr = 1, FASTCVT: tl.constexpr = False,
+               GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
     """gate_up of every slot in use: split-K tiles (slot, BN-column tile, K slice) shared among
     the programs, partials to gu. The expert of slot u comes from (used, csum) in registers,
     so no program waits for the slot tables.
@@ -109,14 +114,17 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
     SPAN (a bench variant, not yet measured): each slot's [2I, H] block as `gemv_span` stream-K
     spans of PER (BN-column tile, K block) items, swap-AB e4m3 MMAs on the pre-quantised x;
     KSG is then the partial slots a column tile can receive (`gemv.span_slots`), which the SiLU
-    stage sums as it sums split-K partials."""
+    stage sums as it sums split-K partials. FASTCVT: the tiles convert their e4m3 weights with
+    `numerics.e4m3_bf16`'s sm_90 path (the cast's conversion-unit rate bounded the stage).
+    GDOT, GSTG: the tiles' (and spans') MMA form (`gemv` DOT_*) and the tiles' k-loop pipelining
+    depth with every load (`gemv._kloop` LSTG)."""
     e = tl.arange(0, E)
     NT: tl.constexpr = (2 * I + BN - 1) // BN
     EB13: tl.constexpr = 2 * I * H
     SB13: tl.constexpr = ((2 * I + BLK - 1) // BLK) * ((H + BLK - 1) // BLK)
     if SPAN:
         _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr,
-                      gu_ptr, W, BM, H, I, BN, BLK, KSG, PER)
+                      gu_ptr, W, BM, H, I, BN, BLK, KSG, PER, GDOT, FASTCVT)
     else:
         for t in range(pid, NSLOT * NT * KSG, nprog):
             u = t // (NT * KSG)
@@ -124,24 +132,28 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
             if u <= nu:
                 if u == 0:
                     gemv_tile(r, xq_ptr, H, wsh13_ptr, ssh13_ptr, gu_ptr, 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True,
-                              xs_ptr, True)
+                              xs_ptr, True, DOT=GDOT, LSTG=GSTG, FASTCVT=FASTCVT)
                 else:
                     ex = tl.sum(tl.where((used != 0) & (csum == u), e, 0), 0).to(tl.int64)
                     gemv_tile(r, xq_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
-                              gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True)
+                              gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True,
+                              DOT=GDOT, LSTG=GSTG, FASTCVT=FASTCVT)
 
 
 @triton.jit
 def _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                   W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
-                  BLK: tl.constexpr, KSG: tl.constexpr, PER: tl.constexpr):
+                  BLK: tl.constexpr, KSG: tl.constexpr, PER: tl.constexpr, GDOT: tl.constexpr = DOT_WX_FP8,
+                  FASTCVT: tl.constexpr = False):
     """`moe_gateup`'s stream-K form. Slot u has S spans of PER items; its span j is number
     u * S + j of one sequence over the slots in use, dealt round-robin over the programs: the
     busiest program then runs at most one span more than the least busy, whatever the slot
     count (a per-slot deal would leave the same programs idle in every slot). Which program
     runs a span never changes what it writes (partial slot j - first span of its tile, in
     `gemv_span`), so the written partials are the same every step, the unwritten ones stay zero
-    as allocated, and the SiLU stage's fixed-order sum does not depend on the grid or timing."""
+    as allocated, and the SiLU stage's fixed-order sum does not depend on the grid or timing.
+    GDOT: the spans' MMA form (`gemv` DOT_*: the e4m3 one by default; the bf16 ones sum exact
+    products in fp32, converting the weights as FASTCVT says)."""
     NKB: tl.constexpr = H // BLK
     S: tl.constexpr = ((2 * I + BN - 1) // BN * NKB + PER - 1) // PER
     EB13: tl.constexpr = 2 * I * H
@@ -158,7 +170,7 @@ def _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_pt
         j0 = (pid + nprog - (u * S) % nprog) % nprog
         for j in range(j0, S, nprog):
             gemv_span(j, xq_ptr, H, wb, sb, gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, PER,
-                      FMT_FP8, xs_ptr, True, False, DOT_WX_FP8)
+                      FMT_FP8, xs_ptr, True, False, GDOT, FASTCVT=FASTCVT)
 
 
 @triton.jit
@@ -194,7 +206,7 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
 @triton.jit
 def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
               cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-              BND: tl.constexpr, BLK: tl.constexpr):
+              BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr = False):
     """Slot u's down-projection tile, bf16-rounded [BM, BND] (slot 0: the shared expert). A u
     past the last slot reads slot ns - 1 again (valid memory; the caller drops the result), so
     two slots' loads can be issued together without masks."""
@@ -214,32 +226,97 @@ def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr,
         # the SiLU stage quantised the input already (e4m3 values as bf16, scales in inters)
         xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
         sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
-        w = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
-        w = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+        w = e4m3_bf16(tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :]), FASTCVT)
         sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
         acc += dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
     return bf16r(acc)  # each expert's down GEMM writes bf16
 
 
 @triton.jit
+def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
+                 cols, cb, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                 BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr):
+    """Slot u's bf16-rounded down tile [BM, BND] with every load unconditional: slot 0's weights
+    picked by pointer, a u past the last slot reads slot ns - 1 again (its result is dropped)."""
+    EB2: tl.constexpr = H * I
+    NKB: tl.constexpr = (I + BLK - 1) // BLK
+    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    uc = tl.minimum(u, ns - 1)
+    ex = tl.load(slot_e_ptr + uc).to(tl.int64)  # slot 0's entry is unused (the shared expert)
+    wb = tl.where(uc == 0, wsh2_ptr, w2_ptr + ex * EB2)
+    sb = tl.where(uc == 0, ssh2_ptr, s2_ptr + ex * SB2)
+    acc = tl.zeros([BM, BND], tl.float32)
+    for kb in tl.static_range(NKB):
+        xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + kb * BLK + kk[None, :], mask=rmask[:, None],
+                     other=0.0)
+        sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + kb, mask=rmask, other=0.0)
+        w = e4m3_bf16(tl.load(wb + cols[:, None].to(tl.int64) * I + kb * BLK + kk[None, :]), FASTCVT)
+        sw = tl.load(sb + cb * NKB + kb)
+        acc += dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
+    return bf16r(acc)  # each expert's down GEMM writes bf16
+
+
+@triton.jit
+def _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_w_ptr,
+                         o_ptr, routed_scale, rows, rmask, cols0, kk, W: tl.constexpr, BM: tl.constexpr,
+                         H: tl.constexpr, I: tl.constexpr, BND: tl.constexpr, BLK: tl.constexpr,
+                         NSLOT: tl.constexpr, DSTG: tl.constexpr, FASTCVT: tl.constexpr, DSTEP: tl.constexpr = 1):
+    """`moe_down`'s column tile t with the slots as one loop that Triton pipelines DSTG deep,
+    DSTEP (1 or 2) slots an iteration, each slot's K blocks unrolled and every load of a slot
+    unconditional (`_down_slot_y`): the loads of the next DSTG - 1 iterations (weights, x, their
+    scales, the slots' expert ids and routing weights) are in flight while one computes (the id
+    is loaded, not picked from a register vector of every slot's: that vector and its reduction
+    spilled sm_90 registers at 8 rows, TP8 layer). The per-slot down_slot loop drained its loads
+    before the next slot began: one memory round trip a slot, ~29 us for 17 slots at 2 rows
+    (H200 stamps, sm_90 TTGIR, session 14). Same sums in the same order as the unpipelined form."""
+    cols = t * BND + cols0
+    cb = (t * BND) // BLK
+    shared = tl.zeros([BM, BND], tl.float32)
+    routed = tl.zeros([BM, BND], tl.float32)
+    for u in tl.range(0, ns, DSTEP, num_stages=DSTG):
+        y = _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
+                         cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT)
+        wr = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
+        shared = tl.where(u == 0, y, shared)
+        routed += tl.where(((wr != 0.0) & (u > 0))[:, None], bf16r(y * wr[:, None]), 0.0)
+        if DSTEP == 2:
+            y1 = _down_slot_y(u + 1, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows,
+                              rmask, cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT)
+            wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
+            routed += tl.where((wr1 != 0.0)[:, None], bf16r(y1 * wr1[:, None]), 0.0)
+    out = bf16r(routed * routed_scale) + shared
+    tl.store(o_ptr + rows[:, None] * H + cols[None, :], rbf(out), mask=rmask[:, None])
+
+
+@triton.jit
 def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
              nslot_ptr, o_ptr, routed_scale,
              W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-             BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr):
+             BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, DSTG: tl.constexpr = 0,
+             FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
     """down of every slot in use and the weighted sum over slots -> o [W, H] bf16, one
-    BND-column tile a program step (each tile's sum is its program's: nothing to reduce)."""
+    BND-column tile a program step (each tile's sum is its program's: nothing to reduce).
+    DSTG > 0: the slots of a tile are one loop pipelined DSTG deep, DSTEP slots an iteration
+    (`_down_tile_pipelined`);
+    FASTCVT: the weights converted as `moe_gateup`'s."""
+    ns = tl.load(nslot_ptr)
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    cols0 = tl.arange(0, BND)
+    kk = tl.arange(0, BLK)
+    if DSTG > 0:
+        for t in range(pid, H // BND, nprog):
+            _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
+                                 slot_w_ptr, o_ptr, routed_scale, rows, rmask, cols0, kk, W, BM, H, I, BND, BLK,
+                                 NSLOT, DSTG, FASTCVT, DSTEP)
+        return
     # The slots' expert ids are read once as a vector: a per-slot load would put one more
     # dependent memory round trip in front of every slot's weight load.
     NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
         128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
     STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
-    ns = tl.load(nslot_ptr)
     sidx = tl.arange(0, NSP2)
     exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
-    rows = tl.arange(0, BM)
-    rmask = rows < W
-    cols0 = tl.arange(0, BND)
-    kk = tl.arange(0, BLK)
     for t in range(pid, H // BND, nprog):
         cols = t * BND + cols0
         shared = tl.zeros([BM, BND], tl.float32)
@@ -250,10 +327,10 @@ def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_p
         # either way (fused_experts: bf16(y * weight) per slot, fp32 sum, x scale).
         for u in range(0, ns, STEP):
             y0 = down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows,
-                           rmask, cols, kk, W, BM, H, I, BND, BLK)
+                           rmask, cols, kk, W, BM, H, I, BND, BLK, FASTCVT)
             if STEP == 2:
                 y1 = down_slot(u + 1, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
-                               t, rows, rmask, cols, kk, W, BM, H, I, BND, BLK)
+                               t, rows, rmask, cols, kk, W, BM, H, I, BND, BLK, FASTCVT)
             wr0 = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
             if u == 0:
                 shared = y0

@@ -18,6 +18,9 @@ import dataclasses
 from mono_common.stages.gemv import pick_split_k, span_slots
 
 
+MAXNREG_SM90 = 255  # registers a thread the CUDA launches may use (`launch_moe`)
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -40,6 +43,11 @@ class MoePlan:
     num_warps: int = 4
     span: bool = False  # gate_up as stream-K spans (`moe._gateup_spans`); a bench variant
     PER: int = 1  # (column tile, K block) items a gate_up span (span only)
+    down_stages: int = 0  # down's slot loop pipelined this deep, every load (0: one slot after another)
+    fastcvt: bool = False  # e4m3 weights converted on sm_90's integer and bf16 pipes (`numerics.e4m3_bf16`)
+    down_step: int = 1  # slots an iteration of the pipelined down loop (1 or 2)
+    gate_dot: int = 0  # gate_up's MMA form: 0 x @ w^T, 1 swap-AB w @ x^T (bf16), 2 swap-AB e4m3 (span default)
+    gate_stages: int = 0  # gate_up's k-loops pipelined this deep with every load (0: Triton's default)
 
     @property
     def BM(self) -> int:
@@ -57,10 +65,23 @@ class MoePlan:
     @staticmethod
     def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int | None = None, bnd: int = 32,  # noqa: E741
              blk: int = 128, ksg: int | None = None, num_warps: int = 4, span: bool = False,
-             per: int | None = None) -> MoePlan:
+             per: int | None = None, down_stages: int = 0, fastcvt: bool = False, down_step: int = 1,
+             gate_dot: int | None = None, gate_stages: int = 0) -> MoePlan:
         """`span`: gate_up as stream-K spans of `per` items (default: the shared expert's and one
         row's top-k items over the grid, as split-K picks its factor), BN 128 unless given;
-        else split-K tiles, BN 64 unless given."""
+        else split-K tiles, BN 64 unless given. `down_stages`: down's slot loop pipelined this
+        deep (`stages.moe._down_tile_pipelined`); `fastcvt`: sm_90's weight conversion (a CUDA
+        launch only; `launch_moe` refuses it elsewhere)."""
+        if down_stages < 0 or gate_stages < 0:
+            raise ValueError(f"pipelining depths {down_stages}, {gate_stages} must be 0 (off) or more")
+        if down_step not in (1, 2) or (down_step == 2 and not down_stages):
+            raise ValueError(f"down step {down_step}: 1, or 2 with a pipelined down loop (down_stages > 0)")
+        if gate_dot is None:
+            gate_dot = 2 if span else 0
+        if gate_dot not in ((0, 1, 2) if span else (0, 1)):
+            raise ValueError(f"gate_up MMA form {gate_dot}: 0 (x @ w^T), 1 (w @ x^T) or, spans only, 2 (e4m3 w @ x^T)")
+        loop = dict(down_stages=down_stages, fastcvt=fastcvt, down_step=down_step, gate_dot=gate_dot,
+                    gate_stages=gate_stages)
         if H % blk or H % bnd:
             raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
         if E & (E - 1):
@@ -80,14 +101,15 @@ class MoePlan:
                 per = _cdiv((1 + K) * _cdiv(2 * I, bn) * (H // blk), nprog)
             if per < 1:
                 raise ValueError(f"span length {per} must be at least 1")
-            return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, span_slots(H, blk, per), num_warps, True, per)
+            return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, span_slots(H, blk, per), num_warps, True, per,
+                           **loop)
         bn = 64 if bn is None else bn
         if ksg is None:
             # as the GLM-5.3 layer: tiles of the shared expert and one row's top-k cover the grid
             ksg = pick_split_k(_cdiv(2 * I, bn) * (1 + K), H // blk, nprog)
         if (H // blk) % ksg:
             raise ValueError(f"split-K {ksg} does not divide the {H // blk} K blocks")
-        return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, ksg, num_warps)
+        return MoePlan(H, I, E, K, W, nprog, bn, bnd, bi, blk, ksg, num_warps, **loop)
 
 
 def alloc_buffers(plan: MoePlan, L: int, device) -> dict:
@@ -161,9 +183,13 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
     interpreter's mode). xq: x's e4m3 values as bf16 [W, H], xs their fp32 scales. `barrier`:
     a hand-off after each step too. `tab`: the pointer table when the caller keeps one (a
     captured graph must not rebuild it). Returns bufs["out"] [L, W, H] bf16."""
+    import torch
+
     from mono_common.stages.entries import moe_entry
 
     _check(plan, xq, xs, ids, wts, experts, shared)
+    if plan.fastcvt and xq.device.type == "cuda" and torch.version.hip:
+        raise ValueError("fastcvt is sm_90 PTX: a HIP device converts with the plain cast (fastcvt=False)")
     if staged and barrier:
         raise ValueError("a staged launch has no hand-offs (barrier needs the fused launch)")
     p = plan
@@ -172,7 +198,11 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
         tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
     # with hand-offs every program must be resident: a cooperative launch refuses a grid that
     # is not, instead of spinning forever
-    coop = dict(launch_cooperative_grid=True) if not staged and xq.device.type == "cuda" else {}
+    opts = dict(launch_cooperative_grid=True) if not staged and xq.device.type == "cuda" else {}
+    if xq.device.type == "cuda" and not torch.version.hip:
+        # the GLM-5.3 layer's register budget (two 4-warp programs an SM); left to itself ptxas
+        # capped the pipelined-down forms at 128-168 registers and spilled (sm_90, session 14)
+        opts["maxnreg"] = MAXNREG_SM90
     if not staged:
         bufs["bar"].zero_()
     # staged: step by step, since the steps share the scratch (gu, inter) that a stage's
@@ -183,7 +213,8 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
                 tab, float(routed_scale), l0, n,
                 W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
                 KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, SPAN=p.span, PER=p.PER,
-                num_warps=p.num_warps, **coop)
+                DSTG=p.down_stages, FASTCVT=p.fastcvt, DSTEP=p.down_step, GDOT=p.gate_dot, GSTG=p.gate_stages,
+                num_warps=p.num_warps, **opts)
     return bufs["out"]
 
 

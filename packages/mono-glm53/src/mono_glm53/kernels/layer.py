@@ -112,6 +112,11 @@ class Plan:
     R: int = 1
     RP2: int = 2
     ARB: int = 256
+    # per ISA (set by GlmLayerKernel and variant_constexprs from `isa_options`): the MoE down
+    # slot loop's pipelining depth, every load pipelined (0: one slot after another), and e4m3
+    # conversions on sm_90's integer and bf16 pipes
+    DSTG: int = 0
+    FASTCVT: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -346,7 +351,8 @@ class GlmLayerKernel:
                  max_seq_len: int, indexer: bool = True, nprog: int | None = None,
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
-                 num_stages: int | None = None, ks_rule: str = "first"):
+                 num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
+                 fast_cvt: bool | None = None):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -361,7 +367,8 @@ class GlmLayerKernel:
         `num_stages`: the software-pipelining depth of the stages' loops (None: Triton's
         launch default, 3 on sm_90, 2 on gfx950; a measurement knob, see bench/diag_stages.py).
         `ks_rule`: how the split-K factors are picked (`_pick_ks`; "balanced" is not yet run
-        through the GPU suite, a measurement knob too)."""
+        through the GPU suite, a measurement knob too). `down_stages`, `fast_cvt`: Plan.DSTG and
+        Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -382,7 +389,15 @@ class GlmLayerKernel:
         # decided once, by capability (not by catching what a launch raises)
         self.cooperative = bool(cooperative) and cooperative_launch_supported(dev)
         self._resident_checked = False
-        self.plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
+        isa = isa_options("gfx950" if torch.version.hip else "sm_90", s)
+        dstg = isa["DSTG"] if down_stages is None else int(down_stages)
+        fcvt = isa["FASTCVT"] if fast_cvt is None else bool(fast_cvt)
+        if dstg < 0:
+            raise ValueError(f"down_stages {dstg} must be 0 (one slot after another) or more")
+        if fcvt and torch.version.hip:
+            raise ValueError("fast_cvt is sm_90 PTX: on a HIP device leave it off")
+        self.plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
+                                        FASTCVT=fcvt)
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
@@ -804,6 +819,23 @@ MAXNREG_SM = 255
 NUM_WARPS = 4
 
 
+def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
+    """Plan.DSTG and Plan.FASTCVT of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+
+    sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
+    pipelined 3 deep and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
+    fused launch stamps, session 14: down 29.1 -> 22.1 us at 2 rows, 97.4 -> 69.6 us at 8;
+    gate_up 35.9 -> 32.4 and 99.4 -> 87.2 us; outputs bit-equal; 4 deep measured no better
+    standalone). Not on a TP4 rank (or the whole layer), whose four K blocks a slot in the
+    pipelined loop spilled 32-60 bytes on sm_90 under Triton 3.6 (the TP4 kernel without it
+    spills 16 bytes at 8 rows under 3.6 too, none under 3.8; not timed there). gfx950:
+    neither (its cast is a native conversion, the PTX path does not exist there, and the
+    pipelined loop is not resource-checked there)."""
+    if isa.startswith("sm") and s.moe_inter_per_rank <= 2 * s.block:
+        return {"DSTG": 3, "FASTCVT": True}
+    return {"DSTG": 0, "FASTCVT": False}
+
+
 def launch_options(device) -> dict:
     """Launch options of every layer-kernel launch on `device` (beyond grid and num_warps)."""
     if torch.device(device).type == "cuda" and not torch.version.hip:
@@ -882,7 +914,7 @@ def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, 
     from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
     from mono_glm53.kernels.stages import NSTAGES
 
-    ce = make_tp_plan(s, width, indexer, nprog, world).constexprs()
+    ce = dataclasses.replace(make_tp_plan(s, width, indexer, nprog, world), **isa_options(isa, s)).constexprs()
     ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0, SIM=False,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce

@@ -91,6 +91,7 @@ from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
 from mono_common.stages.numerics import bf16r as _bf16
 from mono_common.stages.numerics import div_rn as _div
 from mono_common.stages.numerics import dot as _dot
+from mono_common.stages.numerics import e4m3_bf16 as _e4m3_bf16
 from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
@@ -203,7 +204,7 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr):
+               DOTF: tl.constexpr, FASTCVT: tl.constexpr = False):
     NIKW: tl.constexpr = ID + IH
     if INDEXER:
         if IDX_FUSED:
@@ -224,7 +225,8 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
         if IDX_FUSED:
             _gemv_tile(t, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
         else:
-            _gemv_tile(t, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True)
+            _gemv_tile(t, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True,
+                       FASTCVT=FASTCVT)
     for t in range(_first_tile(pid, nprog, T2), T2 + T3, nprog):
         _gemv_tile(t - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
 
@@ -412,7 +414,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
 def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_ptr, rtt_ptr,
                  stride_rtt, scores_ptr, max_tb, stride_sc, tkh_ptr,
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
-                 PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr):
+                 PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False):
     if INDEXER:
         # the top-k stages' histograms (4 passes x 256 bins a row) start from zero every step
         for m in range(pid, W, nprog):
@@ -434,7 +436,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                 off = phys % PG
                 kb = idx_cache_ptr + pg * (PG * (ID + 4))
                 kc = tl.load(kb[:, None] + off[:, None] * ID + d[None, :], mask=tv[:, None], other=0)
-                k = kc.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+                k = _e4m3_bf16(kc, FASTCVT)
                 ks = tl.load((kb + PG * ID).to(tl.pointer_type(tl.float32)) + off, mask=tv, other=0.0)
                 q = tl.load(iq8_ptr + (m * IH + hh[:, None]) * ID + d[None, :], mask=hm[:, None], other=0.0)
                 s = _dot(q, tl.trans(k))  # [IHP, TB]: exact fp8 products, fp32 sum
@@ -558,7 +560,8 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
                  gu_ptr, slot_e_ptr, slot_w_ptr, nslot_ptr, w2_ptr,
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
-                 BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr):
+                 BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr,
+                 FASTCVT: tl.constexpr = False):
     # every program routes (the same bits everywhere), so no extra hand-off is needed
     WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
     wmat, used = _routing(lg_ptr, bias_ptr, W, WP2, E, TOPE, KSR)
@@ -567,7 +570,7 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     # (requesting their gate_up rows first too made gate_up slower: 40 against 34 us at 2 rows,
     # H200 stamps, session 12: its tiles wait on their own loads either way)
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
-                W, BM, H, E, I, BN, BLK, KSG, NSLOT)
+                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT)
     _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
@@ -577,14 +580,15 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                abort_tab, err_ptr, rank, deadline,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
-               RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
+               RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
+               FASTCVT: tl.constexpr = False):
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
     _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT)
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
@@ -725,6 +729,10 @@ def layer_kernel(
     # mode (SIM: R simulated ranks in one launch, row r of ptab each)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
+    # the MoE down slot loop's pipelining depth, every load (0: one slot after another;
+    # `mono_common.stages.moe._down_tile_pipelined`); FASTCVT: e4m3 weights and index keys
+    # converted to bf16 on sm_90's integer and bf16 pipes (`mono_common.stages.numerics.e4m3_bf16`)
+    DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -779,7 +787,7 @@ def layer_kernel(
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI,
-                       BNS, PER1, DOTF)
+                       BNS, PER1, DOTF, FASTCVT)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -825,7 +833,7 @@ def layer_kernel(
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
-                         W, IH, IHP, ID, PG, TB, INDEXER)
+                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     for s in tl.static_range(6, 10):
@@ -906,7 +914,7 @@ def layer_kernel(
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8),
-                         W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT, PF and FUSED)
+                         W, BM, H, E, TOPE, KSR, I, BN, BLK, KSG, NSLOT, PF and FUSED, FASTCVT)
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
@@ -925,6 +933,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT)
+                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
