@@ -91,9 +91,9 @@ def gpu_target(target: str):
 
 
 def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any], pointer_align: int = 0):
-    from triton.compiler import ASTSource
-
     import inspect
+
+    from triton.compiler import ASTSource
 
     sig = dict(signature)
     names = list(getattr(fn, "arg_names", sig.keys()))

@@ -17,7 +17,6 @@ import dataclasses
 
 from mono_common.stages.gemv import pick_split_k, span_slots
 
-
 MAXNREG_SM90 = 255  # registers a thread the CUDA launches may use (`launch_moe`)
 
 
