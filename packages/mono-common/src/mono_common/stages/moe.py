@@ -111,8 +111,9 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
     the programs, partials to gu. The expert of slot u comes from (used, csum) in registers,
     so no program waits for the slot tables.
 
-    SPAN (a bench variant, not yet measured): each slot's [2I, H] block as `gemv_span` stream-K
-    spans of PER (BN-column tile, K block) items, swap-AB e4m3 MMAs on the pre-quantised x;
+    SPAN (a bench variant; on the H200 no faster than the tiles at 2 and 8 rows, and 8.3e-3 off
+    the reference with e4m3 MMAs: mono-common 0.1.6-0.1.8 changelogs): each slot's [2I, H] block
+    as `gemv_span` stream-K spans of PER (BN-column tile, K block) items, on the pre-quantised x;
     KSG is then the partial slots a column tile can receive (`gemv.span_slots`), which the SiLU
     stage sums as it sums split-K partials. FASTCVT: the tiles convert their e4m3 weights with
     `numerics.e4m3_bf16`'s sm_90 path (the cast's conversion-unit rate bounded the stage).
