@@ -101,15 +101,11 @@ def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rm
             wn = _load_w(w_ptr, cols, cmask, kb + 1, K, BLK, FMT, kb + 1 < kb1)
             acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
                           FASTCVT)
-    elif LSTG > 0:
-        # an explicit depth makes Triton pipeline every load of the loop (scales and an x that is
-        # quantised here included), not only the MMA operands (sm_90 TTGIR, Triton 3.6 and 3.8)
-        for kb in tl.range(kb0, kb1, num_stages=LSTG):
-            w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
-            acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
-                          FASTCVT)
     else:
-        for kb in range(kb0, kb1):
+        # an explicit depth makes Triton pipeline every load of the loop (scales and an x that is
+        # quantised here included), not only the MMA operands (sm_90 TTGIR, Triton 3.6 and 3.8);
+        # None leaves the loop as a plain range
+        for kb in tl.range(kb0, kb1, num_stages=LSTG if LSTG > 0 else None):
             w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
             acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
                           FASTCVT)
