@@ -243,6 +243,33 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _bases(spec: str) -> dict[str, str]:
+    """'[NAME=]TREE,...' -> {name: tree}; one unnamed tree is 'base', several 'base1', 'base2'..."""
+    items = [x for x in spec.split(",") if x]
+    out: dict[str, str] = {}
+    for i, item in enumerate(items):
+        name, _, tree = item.rpartition("=")
+        name = name or ("base" if len(items) == 1 else f"base{i + 1}")
+        if name in out:
+            raise SystemExit(f"--base names {name!r} twice")
+        out[name] = tree
+    return out
+
+
+def _side_by_side(rows: list[dict], new: str = "mono", old: str = "base") -> str:
+    """Per point, the kernel before (`old`) and now (`new`): times, floor fractions, speedup."""
+    by = {(r["shape"], r["context"], r["width"], r["path"]): r for r in rows}
+    lines = [f"{'shape':5} {'ctx':>6} {'w':>2} {old + ' us':>9} {new + ' us':>9} {'floor':>7} "
+             f"{'x floor':>8} {'speedup':>7}"]
+    for (sh, ctx, w, p), r in by.items():
+        b = by.get((sh, ctx, w, old))
+        if p != new or b is None:
+            continue
+        lines.append(f"{sh:5} {ctx:>6} {w:>2} {b['us']:>9.1f} {r['us']:>9.1f} {r['floor_us']:>7.1f} "
+                     f"{r['us'] / r['floor_us']:>7.2f}x {b['us'] / r['us']:>6.2f}x")
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def _meta(a, argv, t_start, ceiling_tbs: float) -> dict:
     return dict(
         device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
@@ -255,6 +282,7 @@ def _meta(a, argv, t_start, ceiling_tbs: float) -> dict:
         tiny=a.tiny,
         seconds=time.time() - t_start,
         command="python -m mono_glm53.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        bases=_bases(a.base) if a.base else {},
     )
 
 
@@ -280,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=4,
                     help="distinct layers (weights and caches) a timed rotation runs, one after another")
     ap.add_argument("--no-stamps", action="store_true", help="skip the per-stage stamped spans")
+    ap.add_argument("--base", default=None, metavar="[NAME=]TREE,...",
+                    help="also time the monokernel of each checkout TREE (its packages/*/src folders, e.g. "
+                         "a git archive of an earlier commit) as path NAME (default 'base'), beside 'mono' "
+                         "in this run")
     a = ap.parse_args(argv)
     if a.layers < 1:
         ap.error(f"--layers {a.layers}: a rotation needs at least one layer")
@@ -293,9 +325,21 @@ def main(argv: list[str] | None = None) -> int:
         from mono_glm53.kernels.bench_path import build_mono
 
         register_path("mono", build_mono)
+    bases = _bases(a.base) if a.base else {}
+    if bases:
+        if a.device != "cuda":
+            ap.error("--base times a monokernel: it needs --device cuda")
+        clash = sorted(set(bases) & set(PATHS))
+        if clash:
+            ap.error(f"--base names {clash} are taken by the bench's own paths: name the trees otherwise")
+        from mono_glm53.kernels.bench_path import side_builder
+
+        for name, tree in bases.items():
+            register_path(name, side_builder(tree))
     widths = [int(x) for x in a.widths.split(",")]
     contexts = [int(x) for x in (a.contexts or ("64,256" if a.tiny else "4096,65536")).split(",")]
     paths = a.paths.split(",") if a.paths else list(PATHS)
+    paths += [n for n in bases if n not in paths]
     if "unfused" in paths:
         paths = ["unfused"] + [p for p in paths if p != "unfused"]
     os.makedirs(a.out, exist_ok=True)
@@ -387,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     _write(a.out, meta, rows, errors)
     _plot(rows, os.path.join(a.out, "glm53_bench.png"))
     print(_table(rows))
+    for name, tree in bases.items():
+        print(f"side by side ({tree} as {name!r}):\n" + _side_by_side(rows, old=name))
     print(json.dumps({k: meta[k] for k in ("device", "torch", "fp8_gemm", "scaled_mm_variant", "seconds")}))
     for e in errors:
         print("error:", e)

@@ -371,3 +371,20 @@ def test_bench_refuses_an_empty_rotation(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--layers", "0"])
     assert "at least one layer" in capsys.readouterr().err
+
+
+def test_bench_base_trees_are_named_and_compared_side_by_side(capsys):
+    assert bench._bases("/t/a") == {"base": "/t/a"}
+    assert bench._bases("v035=/t/a,/t/b") == {"v035": "/t/a", "base2": "/t/b"}
+    with pytest.raises(SystemExit, match="twice"):
+        bench._bases("x=/a,x=/b")
+    row = dict(shape="tp8", context=4096, width=1, floor_us=25.0)
+    rows = [dict(row, path="v035", us=300.0), dict(row, path="mono", us=150.0),
+            dict(row, width=2, path="mono", us=160.0)]  # no v035 row at width 2: left out
+    table = bench._side_by_side(rows, old="v035").splitlines()
+    assert len(table) == 2 and "v035 us" in table[0]
+    assert table[1].split() == ["tp8", "4096", "1", "300.0", "150.0", "25.0", "6.00x", "2.00x"]
+    # --base on the CPU is refused (it times a monokernel), before anything is built
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--base", "/nonexistent"])
+    assert "needs --device cuda" in capsys.readouterr().err

@@ -191,6 +191,19 @@ def _waited(waited, start, iters, CLOCK: tl.constexpr):
 
 
 @triton.jit
+def _stop_stamp(start, waited, CLOCK: tl.constexpr):
+    """The clock when a wait gives up, for its error word: read afresh (a program that leaves
+    on the abort flag holds a `waited` up to CLOCK_EVERY - 1 polls old, which put a rank's
+    stop before the timeout that caused it; H200, TP-process fault test, session 15). For
+    CLOCK_ITER the poll count, as `waited` is."""
+    if CLOCK == 2:
+        t = start + waited
+    else:
+        t = program_now(CLOCK)
+    return t
+
+
+@triton.jit
 def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
             NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
     """Wait until the int32 counter at `cnt_ptr` reaches `target` (modulo 2**32: cnt - target
@@ -218,7 +231,7 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
         waited = _waited(waited, start, iters, CLOCK)
     ok = ((cur - tgt) >= 0) & (ab == 0)
     if not ok:
-        fail(ab, cur, tgt, 0, waited, start + waited, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+        fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
     # Threads other than the polling ones read data the producers wrote: order after the poll.
     tl.debug_barrier()
     return ok
@@ -257,7 +270,7 @@ def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program,
         first = tl.where(first == big, 0, first)
         obs = tl.sum(tl.where(lanes == first, v, 0), 0)
         exp = tl.sum(tl.where(lanes == first, tgt, 0), 0)
-        fail(ab, obs, exp, first, waited, start + waited, abort_tab, err_ptr, rank, program, stage, NRANK,
+        fail(ab, obs, exp, first, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK,
              FAULT)
     tl.debug_barrier()
     return ok

@@ -5,6 +5,11 @@ kernel on the case's weights (read in place) and returns the fused launch as a z
 graph-capturable step, with `check()` (the kernel's guard) and `profile(steps)`: the per-stage
 spans of a rotation of such steps (`rotation_profile`). `mono_glm53.bench.main` registers it
 itself on a GPU; another caller of the bench's PATHS calls `register()` first.
+
+`side_builder(tree)`: the same path for another checkout's kernel (`tree`: a folder holding
+its packages/mono-common/src and packages/mono-glm53/src, such as a `git archive` of an
+earlier commit), imported beside this one (`mono_common.bench.side_tree`) so both are timed in
+one run on the same weights; its steps stamp no stages (earlier kernels may have no stamps).
 """
 
 from __future__ import annotations
@@ -36,6 +41,35 @@ def build_mono(case):
     step.kernel = k
     step.profile = rotation_profile
     return step
+
+
+def side_builder(tree: str):
+    """A path builder for the kernel of the checkout at `tree` (see the module docstring)."""
+    import os
+
+    from mono_common.bench.side_tree import SideTree
+
+    side = SideTree([os.path.join(tree, "packages", "mono-common", "src"),
+                     os.path.join(tree, "packages", "mono-glm53", "src")],
+                    packages=("mono_common", "mono_glm53"))
+    kernel_cls = side.attr("mono_glm53.kernels.layer", "GlmLayerKernel")
+
+    def build(case):
+        with side:
+            k = kernel_cls(case.shape, case.weights, built_width(case.width),
+                           max_seq_len=case.inputs.max_seq_len, indexer=True)
+            k.set_inputs(case.hidden, case.residual, case.inputs)
+
+        def step():
+            with side:  # its launch imports its own stages lazily
+                return k.launch(case.caches, mode="fused")
+
+        step()  # compile outside capture
+        if hasattr(getattr(k, "guard", None), "check"):
+            step.check = k.guard.check
+        return step
+
+    return build
 
 
 def rotation_profile(steps, replays: int = 10, samples: int = 5) -> dict[str, float]:
