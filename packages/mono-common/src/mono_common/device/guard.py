@@ -39,7 +39,7 @@ for epoch counters at any launch count. Pointers must be 4-byte aligned int32 wo
 import triton
 import triton.language as tl
 
-from mono_common.device.timer import program_elapsed, program_now
+from mono_common.device.timer import now, program_elapsed, program_now
 
 # Error-word slots and codes: the numbers of mono_common.errors (a unit test keeps them equal).
 _STATE = tl.constexpr(0)
@@ -194,12 +194,14 @@ def _waited(waited, start, iters, CLOCK: tl.constexpr):
 def _stop_stamp(start, waited, CLOCK: tl.constexpr):
     """The clock when a wait gives up, for its error word: read afresh (a program that leaves
     on the abort flag holds a `waited` up to CLOCK_EVERY - 1 polls old, which put a rank's
-    stop before the timeout that caused it; H200, TP-process fault test, session 15). For
-    CLOCK_ITER the poll count, as `waited` is."""
+    stop before the timeout that caused it; H200, TP-process fault test, session 15). The
+    thread's own reading: the stamp is only stored, no branch reads it, so it needs no
+    program-wide maximum (whose shared-memory exchange cost 32 spill bytes in the all-reduce
+    kernel on sm_90). For CLOCK_ITER the poll count, as `waited` is."""
     if CLOCK == 2:
         t = start + waited
     else:
-        t = program_now(CLOCK)
+        t = now(CLOCK)
     return t
 
 
