@@ -270,7 +270,7 @@ def _side_by_side(rows: list[dict], new: str = "mono", old: str = "base") -> str
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
-def _meta(a, argv, t_start, ceiling_tbs: float) -> dict:
+def _meta(a, argv, t_start, ceiling_tbs: float, bases: dict[str, str]) -> dict:
     return dict(
         device=torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
         torch=torch.__version__,
@@ -282,7 +282,7 @@ def _meta(a, argv, t_start, ceiling_tbs: float) -> dict:
         tiny=a.tiny,
         seconds=time.time() - t_start,
         command="python -m mono_glm53.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-        bases=_bases(a.base) if a.base else {},
+        bases=bases,
     )
 
 
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     rows.append(row)
                     print("\n".join(_table([row]).splitlines()[1:]), flush=True)
-                    _write(a.out, _meta(a, argv, t_start, ceiling_tbs), rows, errors)
+                    _write(a.out, _meta(a, argv, t_start, ceiling_tbs, bases), rows, errors)
                     del steps
                 if a.device == "cuda":
                     torch.cuda.empty_cache()
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         del ws
         if a.device == "cuda":
             torch.cuda.empty_cache()
-    meta = _meta(a, argv, t_start, ceiling_tbs)
+    meta = _meta(a, argv, t_start, ceiling_tbs, bases)
     _write(a.out, meta, rows, errors)
     _plot(rows, os.path.join(a.out, "glm53_bench.png"))
     print(_table(rows))

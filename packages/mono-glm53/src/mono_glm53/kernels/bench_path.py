@@ -14,6 +14,8 @@ one run on the same weights; its steps stamp no stages (earlier kernels may have
 
 from __future__ import annotations
 
+import contextlib
+
 WIDTHS = (2, 4, 8)
 
 
@@ -24,17 +26,27 @@ def built_width(rows: int) -> int:
     raise ValueError(f"{rows} rows exceed the widest build ({WIDTHS[-1]})")
 
 
+def _fused_step(kernel_cls, case, scope=contextlib.nullcontext):
+    """(step, kernel): `kernel_cls` built on `case` at its built width, and its fused launch as a
+    zero-argument step, compiled once here (outside any capture). `scope()`: the context every
+    call into the kernel runs in (a side tree's, whose launch imports its own stages lazily)."""
+    with scope():
+        k = kernel_cls(case.shape, case.weights, built_width(case.width),
+                       max_seq_len=case.inputs.max_seq_len, indexer=True)
+        k.set_inputs(case.hidden, case.residual, case.inputs)
+
+    def step():
+        with scope():
+            return k.launch(case.caches, mode="fused")
+
+    step()
+    return step, k
+
+
 def build_mono(case):
     from mono_glm53.kernels.layer import GlmLayerKernel
 
-    k = GlmLayerKernel(case.shape, case.weights, built_width(case.width),
-                       max_seq_len=case.inputs.max_seq_len, indexer=True)
-    k.set_inputs(case.hidden, case.residual, case.inputs)
-
-    def step():
-        return k.launch(case.caches, mode="fused")
-
-    step()  # compile outside capture
+    step, k = _fused_step(GlmLayerKernel, case)
     # The bench calls this after timing: in report mode an expired wait raises here instead
     # of the timed numbers passing silently.
     step.check = k.guard.check
@@ -55,16 +67,7 @@ def side_builder(tree: str):
     kernel_cls = side.attr("mono_glm53.kernels.layer", "GlmLayerKernel")
 
     def build(case):
-        with side:
-            k = kernel_cls(case.shape, case.weights, built_width(case.width),
-                           max_seq_len=case.inputs.max_seq_len, indexer=True)
-            k.set_inputs(case.hidden, case.residual, case.inputs)
-
-        def step():
-            with side:  # its launch imports its own stages lazily
-                return k.launch(case.caches, mode="fused")
-
-        step()  # compile outside capture
+        step, k = _fused_step(kernel_cls, case, scope=lambda: side)
         if hasattr(getattr(k, "guard", None), "check"):
             step.check = k.guard.check
         return step
