@@ -180,22 +180,46 @@ def _index_quant(x, PLAIN: tl.constexpr):
 
 # ----------------------------------------------------------------------------- stages
 @triton.jit
+def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
+    """Offsets [4, HB] of a row of H <= 4 HB values as chunk rows of HB, and the mask of the
+    chunk rows that exist (H // HB of them): the whole row in one tile, so its loads are
+    issued together (one memory round trip, not one a chunk)."""
+    ch = tl.arange(0, 4)
+    c = tl.arange(0, HB)
+    return ch[:, None] * HB + c[None, :], (ch < H // HB)[:, None] & (c >= 0)[None, :]
+
+
+@triton.jit
 def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
                   W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr):
-    # H (6144) is not a power of two: two passes over HB-wide chunks, the sum recomputed in
-    # the second (the norm multiplies the fp32 sum, as SGLang's fused_add_rmsnorm)
+    # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
+    # sum, as SGLang's fused_add_rmsnorm)
     c = tl.arange(0, HB)
-    for m in range(pid, W, nprog):
-        ssq = tl.zeros([HB], tl.float32)
-        for h0 in range(0, H, HB):
-            r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
-            tl.store(resid1_ptr + m * H + h0 + c, _rbf(r))
-            ssq += r * r
-        rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
-        for h0 in range(0, H, HB):
-            r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
-            w = tl.load(w_in_ptr + h0 + c).to(tl.float32)
-            tl.store(hn_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+    if H // HB <= 4:
+        # the whole row as [4, HB] (chunk rows past H // HB masked): every load of the row is
+        # issued at once, one memory round trip where the chunk loop took one per chunk and
+        # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
+        off, cm = _row_as_4_chunks(H, HB)
+        for m in range(pid, W, nprog):
+            r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+                 + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
+            w = tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
+            tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
+            rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+            tl.store(hn_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+    else:
+        # two passes over the chunks, the sum recomputed in the second
+        for m in range(pid, W, nprog):
+            ssq = tl.zeros([HB], tl.float32)
+            for h0 in range(0, H, HB):
+                r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
+                tl.store(resid1_ptr + m * H + h0 + c, _rbf(r))
+                ssq += r * r
+            rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
+            for h0 in range(0, H, HB):
+                r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
+                w = tl.load(w_in_ptr + h0 + c).to(tl.float32)
+                tl.store(hn_ptr + m * H + h0 + c, _rbf(r * rstd * w))
 
 
 @triton.jit
@@ -519,7 +543,26 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             signal(cnt_ptr + STAGE_AR1, 1, False)
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
-    if ok:
+    if ok and H // HB <= 4:
+        # the whole row as [4, HB] (as stage_addnorm): the sum and the residual computed once
+        # and kept, the split-K slots one whole-row load each (KS9 memory round trips in all,
+        # where the chunk loop paid ~KS9 / 2 a chunk and pass: ~18 at a TP8 rank, ~11 us);
+        # the slots are added in slot order, as `_sum_splits` adds them
+        off, cm = _row_as_4_chunks(H, HB)
+        for m in range(pid, W, nprog):
+            if R > 1:
+                a = tl.load(ar1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+            else:
+                acc = tl.zeros([4, HB], tl.float32)
+                for sl in range(KS9):
+                    acc += tl.load(op_ptr + sl * (W * H) + m * H + off, mask=cm, other=0.0)
+                a = _bf16(acc)
+            r = a + tl.load(resid1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+            w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
+            tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
+            rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+            tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+    elif ok:
         for m in range(pid, W, nprog):
             ssq = tl.zeros([HB], tl.float32)
             for h0 in range(0, H, HB):
