@@ -1,6 +1,6 @@
 """H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
 captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time
-(for each --warps, --nprog, --stages, --ks-rule and --forms value, with the outputs' max difference from the first one's), the fused
+(for each --warps, --nprog, --stages, --ks-rule, --forms and --xq-producer value, with the outputs' max difference from the first one's), the fused
 launch's own per-stage span/busy/hand-off times from its clock stamps (kernels.stamps),
 and (with --fault) a staged run that synchronises after every stage to find a faulting one.
 
@@ -38,7 +38,7 @@ def _regs(k):
 
 
 def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None,), warm_only=False,
-           ks_rules=("first",), forms=((None, None),)):
+           ks_rules=("first",), forms=((None, None),), xqps=(False,)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -49,17 +49,18 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
         s = _shape(sname)
         c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
         first = None
-        for nw, npg, nst, ksr, (dstg, fcvt) in [(nw, npg, nst, ksr, fm) for fm in forms for ksr in ks_rules
-                                                for nst in stages for npg in nprogs for nw in warps]:
+        for nw, npg, nst, ksr, (dstg, fcvt), xqp in [(nw, npg, nst, ksr, fm, xqp) for xqp in xqps for fm in forms
+                                                     for ksr in ks_rules for nst in stages for npg in nprogs
+                                                     for nw in warps]:
             k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw, nprog=npg,
-                               num_stages=nst, ks_rule=ksr, down_stages=dstg, fast_cvt=fcvt)
+                               num_stages=nst, ks_rule=ksr, down_stages=dstg, fast_cvt=fcvt, xq_producer=xqp)
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
             k.set_inputs(c.hidden, c.residual, c.inputs)
             k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
             torch.cuda.synchronize()
             if warm_only:  # compiled and launched once: the cache holds it for a timing process
                 print(f"warm {sname} w{width} ctx{ctx} warps{nw} nprog{k.nprog} stages{nst} ks {ksr} "
-                      f"dstg {k.plan.DSTG} fastcvt {k.plan.FASTCVT}", flush=True)
+                      f"dstg {k.plan.DSTG} fastcvt {k.plan.FASTCVT} xqp {xqp}", flush=True)
                 del k
                 continue
             outs = [k.out.float().clone(), k.res_out.float().clone()]
@@ -71,7 +72,8 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
             prof = fused_stage_profile(k, caches)
             k.guard.check()
             r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog,
-                 "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
+                 "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": xqp,
+                 "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
                  "fused_us": fu,
                  "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
                  "stages_us": st, "fused_stamps_us": prof, "resources": _regs(k)}
@@ -115,6 +117,8 @@ def main(argv=None):
     ap.add_argument("--ks-rule", default="first", help="split-K rules to build each case with, e.g. first,balanced")
     ap.add_argument("--forms", default=None,
                     help="(down_stages:fast_cvt) forms to build each case with, e.g. 0:0,3:0,3:1 (default: the device's)")
+    ap.add_argument("--xq-producer", default="0",
+                    help="1: the q_a/kv_a and q_b GEMVs read producer-quantised inputs (Plan.XQP); e.g. 0,1")
     ap.add_argument("--warm-only", action="store_true",
                     help="compile and launch each fused variant once, no timing (run several such "
                          "processes in parallel to fill the Triton cache, then time in one)")
@@ -130,7 +134,8 @@ def main(argv=None):
     timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged, nprogs=nprogs,
            stages=stages, warm_only=a.warm_only, ks_rules=tuple(a.ks_rule.split(",")),
            forms=tuple((int(f.split(":")[0]), bool(int(f.split(":")[1]))) for f in a.forms.split(","))
-           if a.forms else ((None, None),))
+           if a.forms else ((None, None),),
+           xqps=tuple(x == "1" for x in a.xq_producer.split(",")))
     return 0
 
 

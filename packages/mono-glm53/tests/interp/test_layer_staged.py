@@ -74,3 +74,27 @@ def test_staged_other_grid_equals_reference():
     assert not failures(m), m
     assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
+@pytest.mark.parametrize("inter", [False, True], ids=["hadamard-indexer", "fused-indexer"])
+def test_producer_quantised_gemv_inputs_give_the_same_bits(inter):
+    """Plan.XQP (GlmLayerKernel xq_producer): addnorm and latent quantise the q_a/kv_a and
+    q_b/wq_b GEMVs' inputs once, the GEMVs read them: every output, cache row and index key
+    equals the default's, where each K block quantises its own input."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(indexer_rope_interleave=inter, index_heads=8)
+    c = build_case(s, 3, 40, True, seed=21)
+    got = {}
+    for xqp in (False, True):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=40, nprog=3, device="cpu", xq_producer=xqp)
+        assert k.plan.XQP == xqp
+        out, caches = kernel_out(c, k, "staged")
+        got[xqp] = (out, caches, k.hnq.clone(), k.qnq.clone())
+    (a, ca, _, _), (b, cb, hnq, qnq) = got[False], got[True]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert hnq[:3].abs().sum() > 0 and qnq[:3].abs().sum() > 0  # the quantised inputs were written

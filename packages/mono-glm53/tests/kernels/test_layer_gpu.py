@@ -8,7 +8,8 @@ of one captured graph with changing inputs equal eager fused AND staged launches
 table first built inside a graph capture replays correctly; pad rows leave every other cache
 row untouched; with every buffer fenced by poisoned bands no launch reads or writes past one;
 launches started just below the int32 wraps of the targets and of the epoch run through them;
-a 1 % error in the down projection's scales fails the numerics; a stopped launch raises
+a 1 % error in the down projection's scales fails the numerics; the producer-quantised GEMV
+inputs (Plan.XQP) give the default's bits; a stopped launch raises
 before its outputs are returned and the kernel refuses until recovered; at TP 2 a fault on
 rank 1 stops rank 0 on the abort flag (its error word says so, and when).
 """
@@ -133,6 +134,26 @@ def test_one_percent_down_scale_error_fails_at_real_shape():
     bad = failures(m)
     assert "glm53_layer.moe_down_given_inter.rel_l2_max" in bad, m
     assert "glm53_layer.moe_gateup_given_h2.rel_l2_max" not in bad, m
+
+
+def test_producer_quantised_gemv_inputs_give_the_same_bits_at_real_shape():
+    """Plan.XQP (GlmLayerKernel xq_producer, a measurement knob): the fused launch whose
+    q_a/kv_a and q_b/wq_b GEMVs read their producers' quantised inputs writes the default
+    launch's bits (TP8 shard, width 2, ctx 4096)."""
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s, w = _weights("tp8")
+    c = build_case(s, 2, 4096, True, "cuda", seed=23, weights=w)
+    outs = []
+    for xqp in (False, True):
+        k = GlmLayerKernel(s, w, 2, max_seq_len=4096, xq_producer=xqp)
+        out, caches = kernel_out(c, k, "fused")
+        k.guard.check()
+        outs.append((out, caches))
+    (a, ca), (b, cb) = outs
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
 
 
 def test_co_residency_check_matches_the_h200():

@@ -117,6 +117,13 @@ class Plan:
     # conversions on sm_90's integer and bf16 pipes
     DSTG: int = 0
     FASTCVT: bool = False
+    # the q_a/kv_a and q_b/wq_b GEMVs' inputs quantised once by their producers (addnorm,
+    # latent) instead of in every K block: the same bits; a measurement knob until the GPU
+    # suite runs with it (GlmLayerKernel xq_producer, bench/diag_stages.py --xq-producer).
+    # Alone, the [2624 x 6144] GEMV with a hand-off took 10.2 us quantising in its K blocks
+    # (session 10) and 7.15 us reading its producer's quantised input (session 12); the layer
+    # with it (H200, session 16, TP8 shard, ctx 4096): 1.06x / 1.05x / 1.00x at 1 / 2 / 8 rows
+    XQP: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -352,7 +359,7 @@ class GlmLayerKernel:
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
                  num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
-                 fast_cvt: bool | None = None):
+                 fast_cvt: bool | None = None, xq_producer: bool = False):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -368,7 +375,10 @@ class GlmLayerKernel:
         launch default, 3 on sm_90, 2 on gfx950; a measurement knob, see bench/diag_stages.py).
         `ks_rule`: how the split-K factors are picked (`_pick_ks`; "balanced" is not yet run
         through the GPU suite, a measurement knob too). `down_stages`, `fast_cvt`: Plan.DSTG and
-        Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs)."""
+        Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs). `xq_producer`: the
+        q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits,
+        1.05-1.06x at 1-2 rows on the H200, not yet through the GPU suite; CUDA only: on gfx950
+        it spills 18 scalar registers at the TP8 rank, width 2)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -396,8 +406,11 @@ class GlmLayerKernel:
             raise ValueError(f"down_stages {dstg} must be 0 (one slot after another) or more")
         if fcvt and torch.version.hip:
             raise ValueError("fast_cvt is sm_90 PTX: on a HIP device leave it off")
+        if xq_producer and dev.type == "cuda" and torch.version.hip:
+            raise ValueError("xq_producer is an sm_90 measurement knob: on gfx950 the layer kernel built with it "
+                             "spills 18 scalar registers (TP8 rank, width 2); build without it")
         self.plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                        FASTCVT=fcvt)
+                                        FASTCVT=fcvt, XQP=bool(xq_producer))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
@@ -454,6 +467,11 @@ class GlmLayerKernel:
         self.ov = z(W, p.NH * p.VD, dtype=bf16)
         self.op = z(p.KS9, W, s.hidden)
         self.h2 = z(W, s.hidden, dtype=bf16)
+        # Plan.XQP: hn and qn quantised by their producers (values, per-block scales)
+        self.hnq = z(W, s.hidden, dtype=bf16)
+        self.hns = z(W, s.hidden // p.BLK)
+        self.qnq = z(W, p.QL, dtype=bf16)
+        self.qns = z(W, p.QL // p.BLK)
         # h2 and the SiLU output quantised once for their FP8 GEMMs (values, per-block scales)
         self.h2q = z(W, s.hidden, dtype=bf16)
         self.h2s = z(W, s.hidden // p.BLK)
@@ -644,7 +662,7 @@ class GlmLayerKernel:
             _u8(wk), sk, wwp,
             w["self_attn.indexer.k_norm.weight"], w["self_attn.indexer.k_norm.bias"],
             self.out, self.res_out, self.topk,
-            self.resid1, self.hn, self.qkva, self.ikw, self.qn, self.rope, self.iwraw, self.qb, self.iq,
+            self.resid1, self.hn, self.hnq, self.hns, self.qkva, self.ikw, self.qn, self.qnq, self.qns, self.rope, self.iwraw, self.qb, self.iq,
             self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.part, self.ml,
             self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,

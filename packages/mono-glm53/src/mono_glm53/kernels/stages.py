@@ -190,10 +190,12 @@ def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
 
 
 @triton.jit
-def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
-                  W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr):
+def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
+                  W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
     # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
-    # sum, as SGLang's fused_add_rmsnorm)
+    # sum, as SGLang's fused_add_rmsnorm). XQP: also the row quantised per BLK group for the
+    # q_a/kv_a GEMV (hnq values, hns scales), the bits its K blocks would otherwise each
+    # compute again (`gemv` XQ)
     c = tl.arange(0, HB)
     if H // HB <= 4:
         # the whole row as [4, HB] (chunk rows past H // HB masked): every load of the row is
@@ -207,6 +209,13 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
             tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
             rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
             tl.store(hn_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+            if XQP:
+                # the chunk rows are consecutive in the row, so the flattened tile's BLK groups
+                # are the row's (the masked chunk rows' groups past H // BLK are not stored)
+                q, qs = _quant_blocks(tl.reshape(_bf16(r * rstd * w), [4 * HB]), 4 * HB, BLK)
+                tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
+                g = tl.arange(0, 4 * HB // BLK)
+                tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
     else:
         # two passes over the chunks, the sum recomputed in the second
         for m in range(pid, W, nprog):
@@ -220,15 +229,19 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
                 r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
                 w = tl.load(w_in_ptr + h0 + c).to(tl.float32)
                 tl.store(hn_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+                if XQP:
+                    q, qs = _quant_blocks(_bf16(r * rstd * w), HB, BLK)
+                    tl.store(hnq_ptr + m * H + h0 + c, q)
+                    tl.store(hns_ptr + m * (H // BLK) + h0 // BLK + tl.arange(0, HB // BLK), qs)
 
 
 @triton.jit
-def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr,
+def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, hnq_ptr, hns_ptr,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, NQKV: tl.constexpr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, FASTCVT: tl.constexpr = False):
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False):
     NIKW: tl.constexpr = ID + IH
     if INDEXER:
         if IDX_FUSED:
@@ -243,8 +256,12 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # q_a/kv_a (16 MB at GLM-5.3's shape): one stream-K span a program, every program the same
     # bytes (KS1 partial slots). One loop per indexer GEMV after it: what each hoists out of
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
-    gemv_span(pid, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
-              DOT=DOTF)
+    if XQP:
+        gemv_span(pid, hnq_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
+                  hns_ptr, True, DOT=DOTF)
+    else:
+        gemv_span(pid, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
+                  DOT=DOTF)
     for t in range(pid, T2, nprog):
         if IDX_FUSED:
             _gemv_tile(t, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
@@ -261,7 +278,7 @@ def stage_latent(pid, nprog, row,
                  NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
                  KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
     # GS: the split partials' loads in flight at once in the narrow sums (`sum_slots` GROUP; 0
     # on gfx950, whose SGPRs they spilled). Three small parts per row (tiles t = part * W + m), each its own loop loading its own
     # pointers from the table: one loop over every part keeps what each part hoists (pointers,
@@ -274,7 +291,12 @@ def stage_latent(pid, nprog, row,
         wqa_ptr = _p(row, P.WQA, tl.bfloat16)
         eps = _sf(row, P.EPS)
         q = _bf16(_sum_splits(qkva_ptr, m, 0, W, NQKV, KS1, QL))
-        tl.store(qn_ptr + m * QL + tl.arange(0, QL), _rbf(_rmsnorm_vec(q, wqa_ptr, QL, eps)))
+        qn = _rmsnorm_vec(q, wqa_ptr, QL, eps)
+        tl.store(qn_ptr + m * QL + tl.arange(0, QL), _rbf(qn))
+        if XQP:  # the q_b / index wq_b GEMVs' input quantised once (as stage_addnorm's)
+            qq, qs = _quant_blocks(_bf16(qn), QL, BLK)
+            tl.store(_p(row, P.QNQ, tl.bfloat16) + m * QL + tl.arange(0, QL), qq)
+            tl.store(_p(row, P.QNS, tl.float32) + m * (QL // BLK) + tl.arange(0, QL // BLK), qs)
     for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
         m = t - W
         qkva_ptr = _p(row, P.QKVA, tl.float32)
@@ -343,15 +365,17 @@ def stage_latent(pid, nprog, row,
 
 
 @triton.jit
-def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_ptr,
+def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_ptr, qns_ptr,
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
-             PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr):
-    # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program
-    gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, DOT=DOTF)
+             PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr):
+    # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
+    # holds the quantised values and qns_ptr their scales (stage_latent's)
+    gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr, XQP,
+              DOT=DOTF)
     if INDEXER:
         gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                  DOT=DOTF)
+                  qns_ptr, XQP, DOT=DOTF)
 
 
 @triton.jit
@@ -768,7 +792,7 @@ def layer_kernel(
     BI: tl.constexpr, TB: tl.constexpr,
     # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
     # ARB the column block of all-reduce point 1
-    R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
+    R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr, XQP: tl.constexpr,
     # mode (SIM: R simulated ranks in one launch, row r of ptab each)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
@@ -822,15 +846,16 @@ def layer_kernel(
                 _prefetch(pid, nprog, _p(row, P.WWP, bf16), IH * H * 2, PF)
     if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
-                      _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), W, H, HB)
+                      _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
+                      _p(row, P.HNS, f32), W, H, HB, BLK, XQP)
     if FIRST <= 1 and LAST >= 1:
         ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R,
                    CLOCK, FAULT)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
-                       _p(row, P.IKW, f32), W, BM, H, NQKV, ID, IH, INDEXER, IDX_FUSED, BN, BLK, KS1, KSI,
-                       BNS, PER1, DOTF, FASTCVT)
+                       _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -841,15 +866,15 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
-                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS)
+                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
                        CLOCK, FAULT)
         if ok:
-            stage_qb(pid, nprog, _p(row, P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
+            stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
-                     W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF)
+                     _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
