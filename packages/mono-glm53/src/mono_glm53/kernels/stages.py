@@ -196,7 +196,6 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
     # sum, as SGLang's fused_add_rmsnorm). XQP: also the row quantised per BLK group for the
     # q_a/kv_a GEMV (hnq values, hns scales), the bits its K blocks would otherwise each
     # compute again (`gemv` XQ)
-    c = tl.arange(0, HB)
     if H // HB <= 4:
         # the whole row as [4, HB] (chunk rows past H // HB masked): every load of the row is
         # issued at once, one memory round trip where the chunk loop took one per chunk and
@@ -207,17 +206,18 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
                  + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
             w = tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
             tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
-            rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
-            tl.store(hn_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+            hn = r * tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps) * w
+            tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
             if XQP:
                 # the chunk rows are consecutive in the row, so the flattened tile's BLK groups
                 # are the row's (the masked chunk rows' groups past H // BLK are not stored)
-                q, qs = _quant_blocks(tl.reshape(_bf16(r * rstd * w), [4 * HB]), 4 * HB, BLK)
+                q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK)
                 tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
                 g = tl.arange(0, 4 * HB // BLK)
                 tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
     else:
         # two passes over the chunks, the sum recomputed in the second
+        c = tl.arange(0, HB)
         for m in range(pid, W, nprog):
             ssq = tl.zeros([HB], tl.float32)
             for h0 in range(0, H, HB):
@@ -227,10 +227,10 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
             rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
             for h0 in range(0, H, HB):
                 r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
-                w = tl.load(w_in_ptr + h0 + c).to(tl.float32)
-                tl.store(hn_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+                hn = r * rstd * tl.load(w_in_ptr + h0 + c).to(tl.float32)
+                tl.store(hn_ptr + m * H + h0 + c, _rbf(hn))
                 if XQP:
-                    q, qs = _quant_blocks(_bf16(r * rstd * w), HB, BLK)
+                    q, qs = _quant_blocks(_bf16(hn), HB, BLK)
                     tl.store(hnq_ptr + m * H + h0 + c, q)
                     tl.store(hns_ptr + m * (H // BLK) + h0 // BLK + tl.arange(0, HB // BLK), qs)
 
@@ -256,12 +256,9 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # q_a/kv_a (16 MB at GLM-5.3's shape): one stream-K span a program, every program the same
     # bytes (KS1 partial slots). One loop per indexer GEMV after it: what each hoists out of
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
-    if XQP:
-        gemv_span(pid, hnq_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
-                  hns_ptr, True, DOT=DOTF)
-    else:
-        gemv_span(pid, hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK, PER1, FMT_FP8,
-                  DOT=DOTF)
+    # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
+    gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
+              PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
     for t in range(pid, T2, nprog):
         if IDX_FUSED:
             _gemv_tile(t, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
