@@ -58,6 +58,21 @@ def test_biased_routing_matches_the_reference(rows):
     assert used.tolist() == (want > 0).any(0).int().tolist()
 
 
+def test_rows_that_are_not_live_route_to_no_expert():
+    # a decode step's pad rows: no weights, no expert marked used on their account; the live
+    # rows route exactly as without the mask
+    E, top_k = 64, 8
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, E, generator=g)
+    bias = torch.randn(E, generator=g) * 0.1
+    w, used = H.run_routing(logits, bias, top_k, live=torch.tensor([1, 0, 1]))
+    w_all, _ = H.run_routing(logits, bias, top_k)
+    assert torch.equal(w[1], torch.zeros(E))
+    assert torch.equal(w[0], w_all[0]) and torch.equal(w[2], w_all[2])
+    assert used.tolist() == ((w_all[0] > 0) | (w_all[2] > 0)).int().tolist()
+    assert (w_all[1] > 0).sum() == top_k  # the masked row would have selected experts
+
+
 def test_biased_routing_breaks_ties_to_the_lower_expert_and_orders_negative_scores():
     # exact ties of score + bias (equal logits, equal biases) go to the lower expert id, and
     # negative score + bias values (a bias below -1) order below positive ones and among

@@ -10,7 +10,7 @@ pointers 16-byte aligned (the kernel's one pointer argument, the table; the poin
 it carry the same hint), the launch's num_stages, no AMD buffer ops, and maxnreg 255 on sm_90.
 The test records the resources (printed at the end of the run) and enforces: as many resident programs per SM/CU as the grid
 puts there (registers, LDS/shared memory and warps), and no spills: no VGPR or SGPR spills on gfx950 (an SGPR spill
-goes to a VGPR lane or scratch), no spill bytes on sm_90.
+goes to a VGPR lane or scratch), no spill bytes on sm_90; and on sm_90, no volatile load of a table word.
 A compile takes 1-3 minutes on a 2-core CPU; `-k` picks a subset.
 """
 
@@ -85,4 +85,10 @@ def test_variant_compiles_within_budget(isa, sname, width, indexer, record_prope
             assert n == 0, f"{kind} spills: " + format_resources(r)
         scratch = int(re.search(r"\.private_segment_fixed_size:\s*(\d+)", r.asm["amdgcn"]).group(1))
         assert scratch == 0, f"scratch {scratch} B: " + format_resources(r)
+    else:
+        # every pointer-table word through the read-only cache (`stages._ld_word`): one volatile
+        # table load left would pay an L2 round trip after each hand-off again
+        ptx = r.asm["ptx"]
+        assert "ld.global.nc.b64" in ptx
+        assert "ld.volatile.global" not in ptx, "a pointer-table word is loaded volatile on sm_90"
     assert r.spills == 0, format_resources(r)

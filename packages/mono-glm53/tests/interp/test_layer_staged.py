@@ -98,3 +98,31 @@ def test_producer_quantised_gemv_inputs_give_the_same_bits(inter):
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
     assert hnq[:3].abs().sum() > 0 and qnq[:3].abs().sum() > 0  # the quantised inputs were written
+
+
+@pytest.mark.parametrize("width,rows,seed", [(4, 1, 5), (8, 5, 6)])
+def test_pad_rows_route_to_no_expert(width, rows, seed):
+    """A pad row (out_cache_loc -1) gets no routing weight and computes no expert of its own:
+    the slot tables hold exactly the experts the real rows select (the reference routing of the
+    kernel's own logits), and the pad rows' weights are zero. The case is one where the pad
+    rows' all-zero logits would have selected an expert no real row selects."""
+    import torch
+
+    from mono_common.ref.routing import biased_topk
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny()
+    c = build_case(s, rows, 40, True, seed=seed)
+    k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=3, device="cpu")
+    kernel_out(c, k, "staged")
+    lg = k.lg[0].clone()
+    for ks in range(1, k.lg.shape[0]):  # the kernel's slot order, so the fp32 sums are its own
+        lg = lg + k.lg[ks]
+    bias = c.w["mlp.gate.e_score_correction_bias"].float()
+    real = set(biased_topk(lg[:rows], bias, s.top_k)[1].flatten().tolist())
+    pad = set(biased_topk(torch.zeros(1, s.n_experts), bias, s.top_k)[1].flatten().tolist())
+    assert pad - real, "the case must have a pad-row expert no real row selects"
+    ns = int(k.nslot.item())
+    assert sorted(k.slot_e[1:ns].tolist()) == sorted(real)
+    assert torch.equal(k.slot_w[rows:], torch.zeros_like(k.slot_w[rows:]))

@@ -137,9 +137,9 @@ def test_one_percent_down_scale_error_fails_at_real_shape():
 
 
 def test_producer_quantised_gemv_inputs_give_the_same_bits_at_real_shape():
-    """Plan.XQP (GlmLayerKernel xq_producer, a measurement knob): the fused launch whose
-    q_a/kv_a and q_b/wq_b GEMVs read their producers' quantised inputs writes the default
-    launch's bits (TP8 shard, width 2, ctx 4096)."""
+    """Plan.XQP (GlmLayerKernel xq_producer, sm_90's default): the fused launch whose
+    q_a/kv_a and q_b/wq_b GEMVs read their producers' quantised inputs writes the bits of the
+    launch that quantises x in every K block (TP8 shard, width 2, ctx 4096)."""
     from mono_glm53.kernels.harness import build_case, kernel_out
     from mono_glm53.kernels.layer import GlmLayerKernel
 

@@ -71,14 +71,15 @@ def test_span_slots_count_the_spans_a_tile_can_touch():
             assert span_slots(nkb * 128, 128, per) >= worst
 
 
-def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only():
+def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_and_quantise_in_producers_on_sm90():
     from mono_glm53.kernels.layer import isa_options
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
-    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True}
+    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
-    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False}
-    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False}
-    # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked
-    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False}
+    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True}
+    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True}
+    # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
+    # and producer quantisation spilled its scalar registers
+    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False}

@@ -10,6 +10,7 @@ instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm
   gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write)
   routing_entry  `stages.routing.biased_topk` of logits [W, E] -> weights [W, E], used [E]
+                 (LIVE: only the rows whose live [W] int32 is nonzero route)
   rmsnorm_entry  `stages.norm.rmsnorm_vec` per row of x [W, D]
   rope_entry     `stages.rope.rope_apply` per row of x [W, RD] at positions pos [W]
   hadamard_entry `stages.rope.hadamard` per row of x [W, D]
@@ -92,10 +93,14 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
 
 
 @triton.jit
-def routing_entry(lg_ptr, bias_ptr, w_ptr, used_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr,
-                  TOPE: tl.constexpr, KSR: tl.constexpr):
-    wmat, used = biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR)
+def routing_entry(lg_ptr, bias_ptr, w_ptr, used_ptr, live_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr,
+                  TOPE: tl.constexpr, KSR: tl.constexpr, LIVE: tl.constexpr = False):
     rows = tl.arange(0, BM)
+    if LIVE:
+        live = tl.load(live_ptr + rows, mask=rows < W, other=0) != 0
+        wmat, used = biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR, live)
+    else:
+        wmat, used = biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR)
     e = tl.arange(0, E)
     tl.store(w_ptr + rows[:, None] * E + e[None, :], wmat, mask=(rows < W)[:, None])
     tl.store(used_ptr + e, used)

@@ -1,10 +1,12 @@
 """Biased top-k routing of MoE experts (DeepSeek-V3 / GLM-5 style), every program the same bits.
 
-  biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR) -> (wmat [BM, E] fp32, used [E] 0/1):
+  biased_topk(lg_ptr, bias_ptr, W, BM, E, TOPE, KSR, live=None) -> (wmat [BM, E] fp32, used [E] 0/1):
       router logits summed from KSR split-K partials lg [KSR, W, E] fp32 in slot order, fp32
       sigmoid scores, top-TOPE of score + bias (ties to the lowest expert id), the selected
       unbiased scores renormalised; wmat holds each row's weight per expert (0 unselected),
       used marks the experts any real row selected. BM: W rounded up to a power of two.
+      live [BM] (optional): which of the W rows are real; the others (a decode step's pad
+      rows) get no weights and mark no expert used, so no expert is computed for them alone.
 References: SGLang's biased_topk_impl (mono_glm53.reference.biased_topk).
 """
 
@@ -16,13 +18,16 @@ from mono_common.stages.numerics import div_rn
 
 @triton.jit
 def biased_topk(lg_ptr, bias_ptr, W: tl.constexpr, BM: tl.constexpr, E: tl.constexpr,
-             TOPE: tl.constexpr, KSR: tl.constexpr):
+             TOPE: tl.constexpr, KSR: tl.constexpr, live=None):
     # BM here is W rounded up to a power of two (a [16, 256] tile set would spill)
     """biased_topk: fp32 sigmoid, top-TOPE of score + bias, renormalised unbiased scores.
 
-    Returns (wmat [BM, E]: each row's weight per expert, 0 when unselected; used [E] 0/1)."""
+    Returns (wmat [BM, E]: each row's weight per expert, 0 when unselected; used [E] 0/1).
+    live: [BM] bool, the real rows (None: the first W)."""
     rows = tl.arange(0, BM)
     rmask = rows < W
+    if live is not None:
+        rmask = rmask & live
     e = tl.arange(0, E)
     lg = tl.zeros([BM, E], tl.float32)
     for ks in range(KSR):

@@ -1,7 +1,7 @@
 """Host side of the small standalone stages: buffers and launches of `stages.entries`' entries.
 
     topk = run_topk(scores [W, L] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
-    w, used = run_routing(logits [W, E], bias [E], top_k)             # [W, E] fp32, [E] int32
+    w, used = run_routing(logits [W, E], bias [E], top_k[, live [W]])  # [W, E] fp32, [E] int32
     run_rmsnorm(x [W, D] fp32, weight [D] bf16, eps) / run_rope(x [W, RD] fp32, pos [W], cs, neox)
     run_hadamard(x [W, D] fp32, scale)
 The radix top-k runs its six stages as six launches (what the layer's staged mode does; a fused
@@ -27,7 +27,8 @@ def run_topk(scores, seqlen, k: int, nprog: int):
     return topk
 
 
-def run_routing(logits, bias, top_k: int):
+def run_routing(logits, bias, top_k: int, live=None):
+    """live [W] (optional): which rows route (nonzero); the others get no weights."""
     import torch
 
     from mono_common.stages.entries import routing_entry
@@ -36,8 +37,9 @@ def run_routing(logits, bias, top_k: int):
     w = torch.zeros(W, E, dtype=torch.float32, device=logits.device)
     used = torch.zeros(E, dtype=torch.int32, device=logits.device)
     bm = 1 << max(0, (W - 1).bit_length())
-    routing_entry[(1,)](logits.float().contiguous(), bias.float().contiguous(), w, used, W=W, BM=bm, E=E,
-                        TOPE=top_k, KSR=1)
+    lv = used if live is None else live.to(device=logits.device, dtype=torch.int32).contiguous()
+    routing_entry[(1,)](logits.float().contiguous(), bias.float().contiguous(), w, used, lv, W=W, BM=bm, E=E,
+                        TOPE=top_k, KSR=1, LIVE=live is not None)
     return w, used
 
 

@@ -11,7 +11,9 @@ dict of `mono_glm53.weights.make_weights` (SGLang parameter names, read in place
 The step's inputs live in static device buffers (x, residual, positions, out_cache_loc,
 seq_lens, req_pool_indices) that the kernel reads from memory, so a CUDA graph captured around
 `launch` replays with whatever the buffers hold. Rows past the step's real rows are pad rows:
-they compute (on zeros) but write no cache (their out_cache_loc is -1).
+they compute (on zeros) but write no cache (their out_cache_loc is -1) and route to no routed
+expert (a row whose out_cache_loc is not > 0 does not: -1 here, SGLang's padding slot 0 in
+a served graph-padded step), so their MoE output is the shared expert's alone.
 
 Arguments: every tensor and runtime scalar of a launch goes into a device pointer table
 (`kernels.ptable`), built once per distinct set of addresses and kept (`GlmLayerKernel._table`:
@@ -118,11 +120,11 @@ class Plan:
     DSTG: int = 0
     FASTCVT: bool = False
     # the q_a/kv_a and q_b/wq_b GEMVs' inputs quantised once by their producers (addnorm,
-    # latent) instead of in every K block: the same bits; a measurement knob until the GPU
-    # suite runs with it (GlmLayerKernel xq_producer, bench/diag_stages.py --xq-producer).
-    # Alone, the [2624 x 6144] GEMV with a hand-off took 10.2 us quantising in its K blocks
-    # (session 10) and 7.15 us reading its producer's quantised input (session 12); the layer
-    # with it (H200, session 16, TP8 shard, ctx 4096): 1.06x / 1.05x / 1.00x at 1 / 2 / 8 rows
+    # latent) instead of in every K block: the same bits (set per ISA by `isa_options`: sm_90
+    # only, gfx950 spilled 18 scalar registers with it). Alone, the [2624 x 6144] GEMV with a
+    # hand-off took 10.2 us quantising in its K blocks (session 10) and 7.15 us reading its
+    # producer's quantised input (session 12); the layer with it (H200, session 16, TP8 shard,
+    # ctx 4096): 1.06x / 1.05x / 1.00x at 1 / 2 / 8 rows
     XQP: bool = False
 
     def constexprs(self) -> dict[str, object]:
@@ -359,7 +361,7 @@ class GlmLayerKernel:
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
                  num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
-                 fast_cvt: bool | None = None, xq_producer: bool = False):
+                 fast_cvt: bool | None = None, xq_producer: bool | None = None):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -376,9 +378,9 @@ class GlmLayerKernel:
         `ks_rule`: how the split-K factors are picked (`_pick_ks`; "balanced" is not yet run
         through the GPU suite, a measurement knob too). `down_stages`, `fast_cvt`: Plan.DSTG and
         Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs). `xq_producer`: the
-        q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits,
-        1.05-1.06x at 1-2 rows on the H200, not yet through the GPU suite; CUDA only: on gfx950
-        it spills 18 scalar registers at the TP8 rank, width 2)."""
+        q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits;
+        None: the ISA's, on for sm_90; True is refused on gfx950, where it spills 18 scalar
+        registers at the TP8 rank, width 2)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -407,10 +409,11 @@ class GlmLayerKernel:
         if fcvt and torch.version.hip:
             raise ValueError("fast_cvt is sm_90 PTX: on a HIP device leave it off")
         if xq_producer and dev.type == "cuda" and torch.version.hip:
-            raise ValueError("xq_producer is an sm_90 measurement knob: on gfx950 the layer kernel built with it "
+            raise ValueError("xq_producer is sm_90 only: on gfx950 the layer kernel built with it "
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
+        xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         self.plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                        FASTCVT=fcvt, XQP=bool(xq_producer))
+                                        FASTCVT=fcvt, XQP=xqp)
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
@@ -838,7 +841,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG and Plan.FASTCVT of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, Plan.FASTCVT and Plan.XQP of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     pipelined 3 deep and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
@@ -848,10 +851,15 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     pipelined loop spilled 32-60 bytes on sm_90 under Triton 3.6 (the TP4 kernel without it
     spills 16 bytes at 8 rows under 3.6 too, none under 3.8; not timed there). gfx950:
     neither (its cast is a native conversion, the PTX path does not exist there, and the
-    pipelined loop is not resource-checked there)."""
+    pipelined loop is not resource-checked there).
+
+    XQP (producer-quantised GEMV inputs) on every sm_90 shape, the same bits as without it
+    (1.05-1.06x at 1-2 rows, TP8 shard, H200, session 16); not on gfx950, whose scalar
+    registers it spilled (18 at the TP8 rank, width 2)."""
+    xqp = isa.startswith("sm")
     if isa.startswith("sm") and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True}
-    return {"DSTG": 0, "FASTCVT": False}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": xqp}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": xqp}
 
 
 def launch_options(device) -> dict:
