@@ -38,7 +38,7 @@ def _regs(k):
 
 
 def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None,), warm_only=False,
-           ks_rules=("first",), forms=((None, None),), xqps=(False,)):
+           ks_rules=("first",), forms=((None, None),), xqps=(None,)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -72,7 +72,7 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
             prof = fused_stage_profile(k, caches)
             k.guard.check()
             r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog,
-                 "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": xqp,
+                 "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": k.plan.XQP,
                  "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
                  "fused_us": fu,
                  "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
@@ -117,8 +117,9 @@ def main(argv=None):
     ap.add_argument("--ks-rule", default="first", help="split-K rules to build each case with, e.g. first,balanced")
     ap.add_argument("--forms", default=None,
                     help="(down_stages:fast_cvt) forms to build each case with, e.g. 0:0,3:0,3:1 (default: the device's)")
-    ap.add_argument("--xq-producer", default="0",
-                    help="1: the q_a/kv_a and q_b GEMVs read producer-quantised inputs (Plan.XQP); e.g. 0,1")
+    ap.add_argument("--xq-producer", default=None,
+                    help="1: the q_a/kv_a and q_b GEMVs read producer-quantised inputs (Plan.XQP), 0: they "
+                         "quantise in every K block; e.g. 0,1 (default: the device's, on for sm_90)")
     ap.add_argument("--warm-only", action="store_true",
                     help="compile and launch each fused variant once, no timing (run several such "
                          "processes in parallel to fill the Triton cache, then time in one)")
@@ -135,7 +136,7 @@ def main(argv=None):
            stages=stages, warm_only=a.warm_only, ks_rules=tuple(a.ks_rule.split(",")),
            forms=tuple((int(f.split(":")[0]), bool(int(f.split(":")[1]))) for f in a.forms.split(","))
            if a.forms else ((None, None),),
-           xqps=tuple(x == "1" for x in a.xq_producer.split(",")))
+           xqps=tuple(x == "1" for x in a.xq_producer.split(",")) if a.xq_producer else (None,))
     return 0
 
 
