@@ -856,10 +856,10 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     XQP (producer-quantised GEMV inputs) on every sm_90 shape, the same bits as without it
     (1.05-1.06x at 1-2 rows, TP8 shard, H200, session 16); not on gfx950, whose scalar
     registers it spilled (18 at the TP8 rank, width 2)."""
-    xqp = isa.startswith("sm")
-    if isa.startswith("sm") and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": xqp}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": xqp}
+    sm = isa.startswith("sm")
+    if sm and s.moe_inter_per_rank <= 2 * s.block:
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm}
 
 
 def launch_options(device) -> dict:
