@@ -74,6 +74,7 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
             r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog,
                  "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": k.plan.XQP,
                  "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
+                 "plan_split": {"KSI": k.plan.KSI, "P1": k.plan.P1, "DSTEP": k.plan.DSTEP},
                  "fused_us": fu,
                  "staged_sum_us": sum(st.values()), "max_abs_vs_first_warps": diff,
                  "stages_us": st, "fused_stamps_us": prof, "resources": _regs(k)}

@@ -126,3 +126,35 @@ def test_pad_rows_route_to_no_expert(width, rows, seed):
     ns = int(k.nslot.item())
     assert sorted(k.slot_e[1:ns].tolist()) == sorted(real)
     assert torch.equal(k.slot_w[rows:], torch.zeros_like(k.slot_w[rows:]))
+
+
+def test_plan_knobs_give_the_default_bits():
+    """The plan's knobs only move work between programs or regroup loads: down_step (two slots
+    a pipelined step), gateup_split (with this shape's bf16 partial sums), qkva_programs with
+    index_split (q_a/kv_a spans and the index tiles on disjoint programs, the path the TP8
+    shard's plan takes; this grid is too small for `make_plan` to take it) write the default
+    launch's outputs, MLA rows, index keys and top-k; out-of-range values are refused, all at once."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(moe_inter=64, index_topk=32)  # a slot's K in two blocks: down's pipelined loop
+    c = build_case(s, 3, 40, True, seed=31)
+
+    def run(**kw):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=40, nprog=24, device="cpu", **kw)
+        out, caches = kernel_out(c, k, "staged")
+        return k, out, caches
+
+    k0, a, ca = run()
+    assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2
+    for kw in (dict(down_step=2), dict(gateup_split=1), dict(qkva_programs=20, index_split=2)):
+        k, b, cb = run(**kw)
+        assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
+        assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw
+        assert torch.equal(k0.topk[:3], k.topk[:3]), kw
+    assert (k.plan.P1, k.plan.KSI) == (20, 2)
+    with pytest.raises(ValueError, match=r"down_step 3 is not 1 or 2; gateup_split 5 does not divide the 8 K "
+                                         r"blocks.*; qkva_programs 24 is not 0 \(no split\) or in 1..23"):
+        run(down_step=3, gateup_split=5, qkva_programs=24)

@@ -7,7 +7,7 @@ import pytest
 
 from mono_common.stages.gemv import span_slots
 from mono_glm53.config import REAL
-from mono_glm53.kernels.layer import _pick_ks, make_plan
+from mono_glm53.kernels.layer import _pick_ks, _qkva_split, make_plan
 
 
 def test_first_rule_takes_the_smallest_divisor_covering_the_grid():
@@ -37,28 +37,46 @@ def test_unknown_rule_is_refused():
         _pick_ks(41, 48, 264, rule="fast")
 
 
-def test_plan_streams_the_dense_gemvs_and_the_rule_moves_only_the_index_wk():
+def test_plan_streams_the_dense_gemvs_and_splits_the_qkva_programs_from_the_index_tiles():
     s = REAL.tp_shard(8, 0)
     p = make_plan(s, 2, True, 264)
-    # (column tile of 128, K block) items: q_a/kv_a 21 x 48 = 1008, q_b 16 x 16 = 256, the
-    # index wq_b 32 x 16 = 512, o_proj 48 x 16 = 768: each program one span of ceil(items / 264)
-    assert (p.BNS, p.PER1, p.PER3, p.PERQ, p.PER9) == (128, 4, 1, 2, 3)
-    for items, per in ((1008, p.PER1), (256, p.PER3), (512, p.PERQ), (768, p.PER9)):
-        assert per * 264 >= items > (per - 1) * 264
+    # the index wk | weights_proj (3 column tiles of 64, 48 K blocks) in tiles of 3 K blocks
+    # (fewer than the 4 items a q_a/kv_a span has on all 264 programs) on programs 216..263
+    assert (p.KSI, p.P1) == (16, 264 - 3 * 16)
+    assert _qkva_split(s.qkv_a_out, s.hidden, s.block, s.index_head_dim + s.index_heads, 64, 264) == (216, 16)
+    # (column tile of 128, K block) items: q_a/kv_a 21 x 48 = 1008 on the P1 programs, q_b
+    # 16 x 16 = 256, the index wq_b 32 x 16 = 512, o_proj 48 x 16 = 768 on all 264: each
+    # program one span of ceil(items / programs)
+    assert (p.BNS, p.PER1, p.PER3, p.PERQ, p.PER9) == (128, 5, 1, 2, 3)
+    for items, per, n in ((1008, p.PER1, p.P1), (256, p.PER3, 264), (512, p.PERQ, 264), (768, p.PER9, 264)):
+        assert per * n >= items > (per - 1) * n
     # a column tile's partials land in as many slots as spans can touch it
-    assert (p.KS1, p.KS3, p.KSQ, p.KS9) == (span_slots(6144, 128, 4), span_slots(2048, 128, 1),
-                                            span_slots(2048, 128, 2), span_slots(2048, 128, 3)) == (13, 16, 9, 6)
-    assert (p.KSR, p.KSG) == (8, 4)
-    # the index wk | weights_proj (3 column tiles of 64, 48 K blocks) split up to one K block a
-    # tile: 144 tiles < 264 programs, so both rules take the finest split
-    bal = make_plan(s, 2, True, 264, "balanced")
-    assert (p.KSI, bal.KSI) == (48, 48)
-    assert bal == p
-    # on a grid of 16 programs the rules differ: "first" takes the smallest covering split
-    p16, bal16 = make_plan(s, 2, True, 16), make_plan(s, 2, True, 16, "balanced")
-    assert p16.KSI == _pick_ks(3, 48, 16, cap=48) == 6
-    assert bal16.KSI == _pick_ks(3, 48, 16, cap=48, rule="balanced")
-    assert dataclasses.replace(bal16, KSI=p16.KSI) == p16
+    assert (p.KS1, p.KS3, p.KSQ, p.KS9) == (span_slots(6144, 128, 5), span_slots(2048, 128, 1),
+                                            span_slots(2048, 128, 2), span_slots(2048, 128, 3)) == (11, 16, 9, 6)
+    # gate_up: 72 column tiles for one row's 9 experts; split 3 is 216 tiles of 16 blocks,
+    # one a program (split 4: 288 tiles, 24 programs with two, 24 blocks)
+    assert (p.KSR, p.KSG) == (8, 3)
+    assert p.KSG == _pick_ks(72, 48, 264, cap=6, rule="balanced")
+    # the ks_rule no longer moves the TP8 plan: the index split is `_qkva_split`'s
+    assert make_plan(s, 2, True, 264, "balanced") == p
+    # without the indexer there are no index tiles: every program runs a span
+    assert make_plan(s, 2, False, 264).P1 == 0
+
+
+def test_small_grids_keep_the_index_tiles_on_every_program_and_the_rule_picks_their_split():
+    s = REAL.tp_shard(8, 0)
+    # on 8 programs the 3 finest-possible tiles would take more than a quarter of the grid
+    assert _qkva_split(s.qkv_a_out, s.hidden, s.block, s.index_head_dim + s.index_heads, 64, 8) is None
+    p8, bal8 = make_plan(s, 2, True, 8), make_plan(s, 2, True, 8, "balanced")
+    assert p8.P1 == bal8.P1 == 0
+    assert p8.KSI == _pick_ks(3, 48, 8, cap=48) == 3
+    assert bal8.KSI == _pick_ks(3, 48, 8, cap=48, rule="balanced")
+    assert dataclasses.replace(bal8, KSI=p8.KSI) == p8
+
+
+def test_down_takes_two_slots_a_step_at_eight_rows_only():
+    s = REAL.tp_shard(8, 0)
+    assert [make_plan(s, w, True, 264).DSTEP for w in (1, 2, 4, 8)] == [1, 1, 1, 2]
 
 
 def test_span_slots_count_the_spans_a_tile_can_touch():

@@ -126,6 +126,13 @@ class Plan:
     # producer's quantised input (session 12); the layer with it (H200, session 16, TP8 shard,
     # ctx 4096): 1.06x / 1.05x / 1.00x at 1 / 2 / 8 rows
     XQP: bool = False
+    # down's slots a step in its pipelined slot loop (DSTG > 0). Two at 8 rows, one below:
+    # H200 stamps, session 18 (TP8 shard, ctx 4096): 336.1 -> 321.4 us a layer at 8 rows with
+    # the gate_up split of 3, 181.5 -> 186.4 us at 1 row (the w2 kernel)
+    DSTEP: int = 1
+    # programs 0..P1-1 run q_a/kv_a's spans, P1.. the indexer's wk | weights_proj tiles (0:
+    # every program a span and the tiles dealt from program 0): `_qkva_split`
+    P1: int = 0
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -136,11 +143,33 @@ BNS = 128
 DOT_WX_FP8 = 2
 
 
+def _qkva_split(nqkv: int, k: int, blk: int, nidx_cols: int, bn: int, nprog: int) -> tuple[int, int] | None:
+    """(P1, KSI): the indexer's [nidx_cols, k] GEMV in tiles of its own programs, the q_a/kv_a
+    spans on the rest, or None when that leaves fewer than 3/4 of the programs to the spans.
+    KSI is the smallest split-K whose tile has fewer K blocks than a span has items (a tile is
+    bf16, a span item e4m3, so a tile reads at most ~2x a span's bytes; more K blocks a tile
+    made the stage slower), P1 = nprog - its tiles. With the tiles dealt over every program,
+    the programs that ran both took 11.5 us against a 6.3 us median, and KSI = 48 slots made
+    latent's index sums a 10.2 us one-program chain; split (KSI 16 on programs 212..263, TP8
+    shard, 1 row, ctx 4096, H200 stamps, session 18): qkva 11.5 -> 9.7 us, latent 10.5 -> 9.5,
+    the layer 184.8 -> 182.7 us; KSI 8 on 24 programs: 193.3 us."""
+    kb = k // blk
+    per_all = span_per(nqkv, k, BNS, blk, nprog)
+    for ksi in range(1, kb + 1):
+        if kb % ksi == 0 and kb // ksi < per_all:
+            tiles = _cdiv(nidx_cols, bn) * ksi
+            if tiles * 4 > nprog:
+                return None
+            return nprog - tiles, ksi
+    return None
+
+
 def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: str = "first") -> Plan:
     """Tiling for shape `s` at `width` rows on `nprog` programs: every GEMV split so that its
     tiles cover the grid (bandwidth needs every SM streaming weights): the dense FP8 GEMVs
     (q_a/kv_a, q_b, the indexer's wq_b, o_proj) as stream-K spans, the others as split-K tiles;
-    `ks_rule` picks the split-K factor of the indexer's wk (`_pick_ks`)."""
+    the indexer's wk | weights_proj on programs of its own (`_qkva_split`), or, on a grid too
+    small for that, over every program with the split-K factor `ks_rule` picks (`_pick_ks`)."""
     blk = s.block
     bn = min(64, blk)
     hb = s.hidden // blk
@@ -152,13 +181,17 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     # shard), so those programs run ~1.25x the others' bytes, not 2x (a split for nprog // 8
     # tiles held the stage at ~19 us against a ~10 us median program: H200 stamps, session 12).
     ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, nprog, cap=hb, rule=ks_rule)
+    split = _qkva_split(nqkv, s.hidden, blk, s.index_head_dim + s.index_heads, bn, nprog) if indexer else None
+    p1 = 0
+    if split is not None:
+        p1, ksi = split
     nqb = nh * s.qk_head
     niq = s.index_heads * s.index_head_dim
     # The dense FP8 GEMVs stream-K: every program reads the same bytes (one span of PER
     # (column tile, K block) items), the partials of a column land in KS* slots. On the H200
     # (mono bench stages, session 10) the [2624 x 6144] GEMV took 23.5 us as 64-column split-K
     # tiles with bf16 MMAs and 10.2 us as 128-column spans on e4m3 MMAs (swap-AB).
-    per1 = span_per(nqkv, s.hidden, BNS, blk, nprog)
+    per1 = span_per(nqkv, s.hidden, BNS, blk, p1 or nprog)
     per3 = span_per(nqb, s.q_lora, BNS, blk, nprog)
     perq = span_per(niq, s.q_lora, BNS, blk, nprog)
     per9 = span_per(s.hidden, nh * s.v_head, BNS, blk, nprog)
@@ -170,8 +203,12 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     ksr = _pick_ks(_cdiv(s.n_experts, bnr), hb, nprog // 2, cap=8)
     nslot = 1 + min(s.n_experts, width * s.top_k)
     # gate_up's tiles grow with the step's distinct experts (up to 1 + width * top_k), which the
-    # plan does not know: it keeps the first rule
-    ksg = _pick_ks(_cdiv(2 * i_l, bn) * (1 + s.top_k), hb, nprog)
+    # plan does not know: split for one row's 1 + top_k, the fewest K blocks on the busiest
+    # program (H200 stamps, session 18, TP8 shard, ctx 4096, 72 column tiles: split 4 = 288
+    # tiles, 24 programs with two, 190.0 us a layer at 1 row; split 3 = 216 tiles, 184.6 us,
+    # gate_up 29.5 -> 23.4 us; split 6 184.9 us, split 2 189.8 us; at 8 rows 336.1 -> 334.3 us).
+    # The cap: up to 6 measured, the partials' sum in the SiLU stage grows with it
+    ksg = _pick_ks(_cdiv(2 * i_l, bn) * (1 + s.top_k), hb, nprog, cap=6, rule="balanced")
     bnd = min(32, blk)
     ct = min(64, s.index_topk)
     hg = 16
@@ -188,7 +225,7 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
         HADAMARD=bool(s.indexer_hadamard), MLA_NEOX=not s.rope_interleave,
         IDX_NEOX=not s.indexer_rope_interleave, BN=bn, KS1=ks1, KSI=ksi, KS3=ks3, KSQ=ksq,
         KS9=ks9, BNR=bnr, KSR=ksr, KSG=ksg, BNS=BNS, PER1=per1, PER3=per3, PERQ=perq, PER9=per9,
-        DOTF=DOT_WX_FP8, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=tb,
+        DOTF=DOT_WX_FP8, BND=bnd, CT=ct, HG=hg, VB=vb, BI=bi, TB=tb, DSTEP=2 if width >= 8 else 1, P1=p1,
     )
 
 
@@ -205,6 +242,34 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
     while rp2 < world:
         rp2 *= 2
     return dataclasses.replace(make_plan(s, width, indexer, nprog, ks_rule), R=world, RP2=rp2, ARB=arb)
+
+
+def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, gateup_split: int | None, qkva_programs: int | None,
+                index_split: int | None, down_step: int | None) -> Plan:
+    """`plan` with GlmLayerKernel's measurement knobs (None: the plan's); every out-of-range
+    value refused at once, each with what is allowed."""
+    kb = s.hidden // s.block
+    errors, change = [], {}
+    if down_step is not None:
+        if down_step not in (1, 2):
+            errors.append(f"down_step {down_step} is not 1 or 2")
+        change["DSTEP"] = int(down_step)
+    for name, v, field in (("gateup_split", gateup_split, "KSG"), ("index_split", index_split, "KSI")):
+        if v is not None:
+            if v < 1 or kb % v:
+                errors.append(f"{name} {v} does not divide the {kb} K blocks of the hidden size")
+            change[field] = int(v)
+    if qkva_programs is not None:
+        if qkva_programs and not 0 < qkva_programs < nprog:
+            errors.append(f"qkva_programs {qkva_programs} is not 0 (no split) or in 1..{nprog - 1}")
+        elif qkva_programs and not plan.INDEXER:
+            errors.append("qkva_programs needs the indexer (its tiles run on the other programs)")
+        else:
+            per1 = span_per(s.qkv_a_out, s.hidden, BNS, s.block, qkva_programs or nprog)
+            change.update(P1=int(qkva_programs), PER1=per1, KS1=span_slots(s.hidden, s.block, per1))
+    if errors:
+        raise ValueError("mono-glm53 layer kernel: " + "; ".join(errors))
+    return dataclasses.replace(plan, **change)
 
 
 def peer_requests(s: GlmLayerShape, width: int, world: int) -> list[tuple[str, int, str]]:
@@ -361,7 +426,8 @@ class GlmLayerKernel:
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
                  num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
-                 fast_cvt: bool | None = None, xq_producer: bool | None = None):
+                 fast_cvt: bool | None = None, xq_producer: bool | None = None, gateup_split: int | None = None,
+                 qkva_programs: int | None = None, index_split: int | None = None, down_step: int | None = None):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -375,12 +441,14 @@ class GlmLayerKernel:
         captures (a side-by-side launch of R ranks takes R; they are never reused).
         `num_stages`: the software-pipelining depth of the stages' loops (None: Triton's
         launch default, 3 on sm_90, 2 on gfx950; a measurement knob, see bench/diag_stages.py).
-        `ks_rule`: how the split-K factors are picked (`_pick_ks`; "balanced" is not yet run
-        through the GPU suite, a measurement knob too). `down_stages`, `fast_cvt`: Plan.DSTG and
+        `ks_rule`: the index wk's split-K rule where the grid is too small for `_qkva_split`
+        (`_pick_ks`; "balanced" is not yet run through the GPU suite, a measurement knob too). `down_stages`, `fast_cvt`: Plan.DSTG and
         Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs). `xq_producer`: the
         q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits;
         None: the ISA's, on for sm_90; True is refused on gfx950, where it spills 18 scalar
-        registers at the TP8 rank, width 2)."""
+        registers at the TP8 rank, width 2). `gateup_split`, `qkva_programs`, `index_split`,
+        `down_step`: Plan.KSG, P1 (0: no split), KSI and DSTEP instead of `make_plan`'s
+        (measurement knobs; each refused with a reason when out of range)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -412,8 +480,9 @@ class GlmLayerKernel:
             raise ValueError("xq_producer is sm_90 only: on gfx950 the layer kernel built with it "
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
-        self.plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                        FASTCVT=fcvt, XQP=xqp)
+        plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
+                                   FASTCVT=fcvt, XQP=xqp)
+        self.plan = _with_knobs(plan, s, self.nprog, gateup_split, qkva_programs, index_split, down_step)
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan

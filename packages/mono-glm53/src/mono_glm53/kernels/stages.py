@@ -269,7 +269,9 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False):
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0):
+    # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
+    # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
     if INDEXER:
         if IDX_FUSED:
@@ -285,15 +287,33 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # bytes (KS1 partial slots). One loop per indexer GEMV after it: what each hoists out of
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
-    gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
-              PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
-    for t in range(pid, T2, nprog):
+    if P1 == 0 or pid < P1:
+        gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
+                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
+    if P1 > 0:
+        # the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
+        if pid >= P1:
+            _qkva_index_tiles(pid - P1, nprog - P1, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W, BM, H, ID, IH,
+                              IDX_FUSED, BN, BLK, KSI, T2, T3, FASTCVT)
+    else:
+        _qkva_index_tiles(pid, nprog, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W, BM, H, ID, IH,
+                          IDX_FUSED, BN, BLK, KSI, T2, T3, FASTCVT)
+
+
+@triton.jit
+def _qkva_index_tiles(ip, inp, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W: tl.constexpr, BM: tl.constexpr,
+                      H: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, IDX_FUSED: tl.constexpr,
+                      BN: tl.constexpr, BLK: tl.constexpr, KSI: tl.constexpr, T2: tl.constexpr,
+                      T3: tl.constexpr, FASTCVT: tl.constexpr):
+    """The indexer GEMVs' tiles of stage_qkva: tile t on program ip of inp when t = ip mod inp."""
+    NIKW: tl.constexpr = ID + IH
+    for t in range(ip, T2, inp):
         if IDX_FUSED:
             _gemv_tile(t, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr, NIKW, NIKW, H, W, BM, BN, BLK, KSI, False)
         else:
             _gemv_tile(t, hn_ptr, H, wk_ptr, sk_ptr, ikw_ptr, ID, NIKW, H, W, BM, BN, BLK, KSI, True,
                        FASTCVT=FASTCVT)
-    for t in range(_first_tile(pid, nprog, T2), T2 + T3, nprog):
+    for t in range(_first_tile(ip, inp, T2), T2 + T3, inp):
         _gemv_tile(t - T2, hn_ptr, H, wwp_ptr, sk_ptr, ikw_ptr + ID, IH, NIKW, H, W, BM, BN, BLK, KSI, False)
 
 
@@ -680,14 +700,14 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
-               FASTCVT: tl.constexpr = False):
+               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
     _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT)
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
@@ -832,6 +852,9 @@ def layer_kernel(
     # `mono_common.stages.moe._down_tile_pipelined`); FASTCVT: e4m3 weights and index keys
     # converted to bf16 on sm_90's integer and bf16 pipes (`mono_common.stages.numerics.e4m3_bf16`)
     DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False,
+    # down's slots a step (`mono_common.stages.moe.moe_down` STEP; Plan.DSTEP), and the
+    # programs that run q_a/kv_a's spans (Plan.P1; 0: all, the index tiles dealt over all)
+    DSTEP: tl.constexpr = 1, P1: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -890,7 +913,7 @@ def layer_kernel(
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
-                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT)
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -1036,6 +1059,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT)
+                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
