@@ -1,6 +1,7 @@
 """H200 diagnostics of the GLM-5.3 layer kernel: per-stage GPU times (staged mode, each stage
 captured in a CUDA graph), registers/spills of the fused and per-stage binaries, the fused time
-(for each --warps, --nprog, --stages, --ks-rule, --forms and --xq-producer value, with the outputs' max difference from the first one's), the fused
+(for each --warps, --nprog, --stages, --ks-rule, --forms, --xq-producer and --knobs value, with the
+outputs' max difference from the first one's), the fused
 launch's own per-stage span/busy/hand-off times from its clock stamps (kernels.stamps),
 and (with --fault) a staged run that synchronises after every stage to find a faulting one.
 
@@ -38,7 +39,7 @@ def _regs(k):
 
 
 def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None,), warm_only=False,
-           ks_rules=("first",), forms=((None, None),), xqps=(None,)):
+           ks_rules=("first",), forms=((None, None),), xqps=(None,), knobs=(("default", {}),)):
     res = []
     weights = {}
     for sname, width, ctx in cases:
@@ -49,18 +50,19 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
         s = _shape(sname)
         c = build_case(s, width, ctx, True, "cuda", seed=1, weights=weights[sname])
         first = None
-        for nw, npg, nst, ksr, (dstg, fcvt), xqp in [(nw, npg, nst, ksr, fm, xqp) for xqp in xqps for fm in forms
-                                                     for ksr in ks_rules for nst in stages for npg in nprogs
-                                                     for nw in warps]:
+        for nw, npg, nst, ksr, (dstg, fcvt), xqp, (kname, kw) in [
+                (nw, npg, nst, ksr, fm, xqp, kn) for kn in knobs for xqp in xqps for fm in forms
+                for ksr in ks_rules for nst in stages for npg in nprogs for nw in warps]:
             k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=True, num_warps=nw, nprog=npg,
-                               num_stages=nst, ks_rule=ksr, down_stages=dstg, fast_cvt=fcvt, xq_producer=xqp)
+                               num_stages=nst, ks_rule=ksr, down_stages=dstg, fast_cvt=fcvt, xq_producer=xqp,
+                               **kw)
             caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
             k.set_inputs(c.hidden, c.residual, c.inputs)
             k.launch(LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), "fused")
             torch.cuda.synchronize()
             if warm_only:  # compiled and launched once: the cache holds it for a timing process
                 print(f"warm {sname} w{width} ctx{ctx} warps{nw} nprog{k.nprog} stages{nst} ks {ksr} "
-                      f"dstg {k.plan.DSTG} fastcvt {k.plan.FASTCVT} xqp {xqp}", flush=True)
+                      f"dstg {k.plan.DSTG} fastcvt {k.plan.FASTCVT} xqp {xqp} knobs {kname}", flush=True)
                 del k
                 continue
             outs = [k.out.float().clone(), k.res_out.float().clone()]
@@ -72,7 +74,7 @@ def timing(cases, out_dir, warps=(4,), staged=True, nprogs=(None,), stages=(None
             prof = fused_stage_profile(k, caches)
             k.guard.check()
             r = {"shape": sname, "width": width, "ctx": ctx, "num_warps": nw, "nprog": k.nprog,
-                 "num_stages": nst, "ks_rule": ksr, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": k.plan.XQP,
+                 "num_stages": nst, "ks_rule": ksr, "knobs": kname, "dstg": k.plan.DSTG, "fastcvt": k.plan.FASTCVT, "xq_producer": k.plan.XQP,
                  "plan_ks": [k.plan.KS1, k.plan.KS3, k.plan.KS9, k.plan.KSG],
                  "plan_split": {"KSI": k.plan.KSI, "P1": k.plan.P1, "DSTEP": k.plan.DSTEP},
                  "fused_us": fu,
@@ -121,6 +123,10 @@ def main(argv=None):
     ap.add_argument("--xq-producer", default=None,
                     help="1: the q_a/kv_a and q_b GEMVs read producer-quantised inputs (Plan.XQP), 0: they "
                          "quantise in every K block; e.g. 0,1 (default: the device's, on for sm_90)")
+    ap.add_argument("--knobs", default=None, metavar="JSON",
+                    help='named GlmLayerKernel knob sets to build each case with, e.g. \'{"0.3.12": '
+                         '{"gateup_split": 4, "qkva_programs": 0, "index_split": 48, "down_step": 1}, '
+                         '"default": {}}\' (default: the plan\'s)')
     ap.add_argument("--warm-only", action="store_true",
                     help="compile and launch each fused variant once, no timing (run several such "
                          "processes in parallel to fill the Triton cache, then time in one)")
@@ -131,13 +137,20 @@ def main(argv=None):
         fault(a.fault)
         return 0
     cases = [(x.split(":")[0], int(x.split(":")[1]), int(x.split(":")[2])) for x in a.cases.split(",")]
+    try:
+        kj = json.loads(a.knobs) if a.knobs else {"default": {}}
+    except json.JSONDecodeError as exc:
+        ap.error(f"--knobs is not a JSON object of named knob sets: {exc}")
+    if not isinstance(kj, dict) or not kj or not all(isinstance(kw, dict) for kw in kj.values()):
+        ap.error("--knobs must map each name to a dict of GlmLayerKernel keyword arguments")
+    knobs = tuple(kj.items())
     nprogs = tuple(int(x) for x in a.nprog.split(",")) if a.nprog else (None,)
     stages = tuple(int(x) for x in a.stages.split(",")) if a.stages else (None,)
     timing(cases, a.out, tuple(int(x) for x in a.warps.split(",")), staged=not a.no_staged, nprogs=nprogs,
            stages=stages, warm_only=a.warm_only, ks_rules=tuple(a.ks_rule.split(",")),
            forms=tuple((int(f.split(":")[0]), bool(int(f.split(":")[1]))) for f in a.forms.split(","))
            if a.forms else ((None, None),),
-           xqps=tuple(x == "1" for x in a.xq_producer.split(",")) if a.xq_producer else (None,))
+           xqps=tuple(x == "1" for x in a.xq_producer.split(",")) if a.xq_producer else (None,), knobs=knobs)
     return 0
 
 

@@ -35,6 +35,37 @@ def test_radix_topk_selects_the_top_k_set(lens):
             assert row.tolist() == sorted(above) + sorted(ties), m
 
 
+def test_radix_topk_in_buffers_wider_than_the_rows_touches_only_the_rows():
+    """A served launch's score rows are as wide as the server's context, and the stages number
+    only the rows' chunks: the rows still get their top-k, the chunk counts exist for the
+    chunks of rows longer than k only, and with 3 rows (read as a vector of 4 lengths) nothing
+    of a 4th row is touched."""
+    from mono_common.stages.entries import topk_entry
+    from mono_common.stages.topk import TKC, TKH_ROW
+
+    k, lens = 128, (700, 40, 300)
+    W, L = len(lens), 4096
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(W + 1, L, generator=g)
+    seqlen = torch.tensor(lens + (L,), dtype=torch.int32)  # a 4th row the launch must not see
+    nck = L // TKC.value
+    tkh = torch.zeros(W + 1, TKH_ROW.value, dtype=torch.int32)
+    tkc = torch.full((W + 1, nck, 2), -5, dtype=torch.int32)
+    topk = torch.full((W + 1, k), -7, dtype=torch.int32)
+    for stage in range(6):
+        topk_entry[(3,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, W=W, TOPK=k, STAGE=stage)
+    for m, n in enumerate(lens):
+        if n <= k:
+            assert topk[m].tolist() == list(range(n)) + [-1] * (k - n)
+        else:
+            assert set(topk[m].tolist()) == set(torch.topk(scores[m, :n], k).indices.tolist())
+    assert (topk[W] == -7).all() and (tkh[W] == 0).all() and (tkc[W] == -5).all()
+    # chunk counts only for the chunks of rows longer than k
+    for m, n in enumerate(lens):
+        live = -(-n // TKC.value) if n > k else 0
+        assert (tkc[m, live:] == -5).all() and (tkc[m, :live] >= 0).all(), m
+
+
 def test_radix_topk_ties_resolve_in_index_order():
     k = 8
     scores = torch.zeros(1, 300)

@@ -39,6 +39,7 @@ The GPU machine has no sglang: this module imports none.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -99,6 +100,18 @@ def floor_bytes(case: BenchCase, distinct_experts: int) -> dict[str, int]:
     kv = case.width * min(case.context, s.index_topk) * s.kv_cache_dim * 2
     ik = case.width * case.context * s.index_k_token_bytes
     return {"weights": w, "kv": kv, "index_k": ik, "total": w + kv + ik}
+
+
+def served_inputs(inp: DecodeInputs, served: int, page: int) -> DecodeInputs:
+    """`inp` as a server of context length `served` holds it: the page table's rows (and so
+    the kernels' score rows and tile counts) `served` tokens wide, rounded up to whole pages;
+    the columns past each row's tokens point at the padding slot 0, as SGLang's do."""
+    width = -(-served // page) * page
+    if width < inp.req_to_token.shape[1]:
+        raise ValueError(f"a served context of {served} is shorter than the rows' {inp.req_to_token.shape[1]} tokens")
+    rtt = torch.zeros(inp.req_to_token.shape[0], width, dtype=inp.req_to_token.dtype, device=inp.req_to_token.device)
+    rtt[:, : inp.req_to_token.shape[1]] = inp.req_to_token
+    return dataclasses.replace(inp, req_to_token=rtt, max_seq_len=width)
 
 
 def _sub_inputs(inp: DecodeInputs, n: int) -> DecodeInputs:
@@ -308,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=4,
                     help="distinct layers (weights and caches) a timed rotation runs, one after another")
     ap.add_argument("--no-stamps", action="store_true", help="skip the per-stage stamped spans")
+    ap.add_argument("--served-context", type=int, default=None, metavar="N",
+                    help="build the kernels for a server whose context length is N (its page table and "
+                         "score rows N wide; default: each point's own context), as a served step runs "
+                         "short contexts on kernels built for the longest")
     ap.add_argument("--base", default=None, metavar="[NAME=]TREE,...",
                     help="also time the monokernel of each checkout TREE (its packages/*/src folders, e.g. "
                          "a git archive of an earlier commit) as path NAME (default 'base'), beside 'mono' "
@@ -315,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.layers < 1:
         ap.error(f"--layers {a.layers}: a rotation needs at least one layer")
+    if a.served_context is not None and a.served_context < 1:
+        ap.error(f"--served-context {a.served_context}: a context length is at least 1")
     if a.device == "cuda" and not torch.cuda.is_available():
         ap.error("no CUDA device; use --device cpu --tiny")
     fp8_mod.set_fp8_gemm_backend(a.fp8_gemm)
@@ -358,7 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         ws = [make_weights(s, device=a.device, seed=None if a.seed is None else a.seed + i) for i in range(a.layers)]
         print(f"[{sname}] {a.layers} layers' weights on {a.device} in {time.time() - t0:.1f}s", flush=True)
         for ctx in contexts:
+            if a.served_context is not None and a.served_context < ctx:
+                print(f"[{sname}] ctx {ctx} is longer than --served-context {a.served_context}: skipped", flush=True)
+                continue
             inp_all, caches0 = make_caches(s, max(widths), ctx, device=a.device, seed=a.seed)
+            if a.served_context is not None:
+                inp_all = served_inputs(inp_all, a.served_context, s.page)
             # every layer its own caches (the same step's rows read each layer's own KV)
             layer_caches = [caches0] + [
                 LayerCaches(kv=caches0.kv.clone(),
@@ -407,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
                         shape=sname,
                         tp_size=s.tp_size,
                         context=ctx,
+                        served_context=inp_all.max_seq_len,
                         width=width,
                         path=pname,
                         layers=a.layers,

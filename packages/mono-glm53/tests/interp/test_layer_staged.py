@@ -158,3 +158,29 @@ def test_plan_knobs_give_the_default_bits():
     with pytest.raises(ValueError, match=r"down_step 3 is not 1 or 2; gateup_split 5 does not divide the 8 K "
                                          r"blocks.*; qkva_programs 24 is not 0 \(no split\) or in 1..23"):
         run(down_step=3, gateup_split=5, qkva_programs=24)
+
+
+def test_a_kernel_built_for_a_longer_served_context_gives_the_same_bits():
+    """A server builds its kernels for its context length: page-table and score rows that wide,
+    most of them past the rows' tokens. The index scores and the top-k stages number only the
+    rows' tiles, so the launch writes what a kernel built for the rows' own context writes."""
+    import dataclasses
+
+    import torch
+
+    from mono_glm53.bench import served_inputs
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 40, True, seed=17, ctxs=[40, 9, 33])
+    got = []
+    for served in (None, 400):
+        inputs = c.inputs if served is None else served_inputs(c.inputs, served, s.page)
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=inputs.max_seq_len, nprog=5, device="cpu")
+        got.append(kernel_out(dataclasses.replace(c, inputs=inputs), k, "staged"))
+        assert k.max_seq_len == inputs.max_seq_len
+    (a, ca), (b, cb) = got
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert (a[2][:3] >= 0).sum() == 16 + 9 + 16  # rows 0 and 2 select 16 of 40 and 33, row 1 all 9

@@ -388,3 +388,25 @@ def test_bench_base_trees_are_named_and_compared_side_by_side(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--base", "/nonexistent"])
     assert "needs --device cuda" in capsys.readouterr().err
+
+
+def test_bench_served_context_widens_the_page_table_as_a_server_does(tmp_path):
+    """--served-context N: the points run on inputs whose page table (so the kernels' score rows
+    and tile counts) is N tokens wide, as a server's kernels are built for its context length;
+    the columns past the rows' tokens are the padding slot 0; a point longer than N is skipped."""
+    s = tiny()
+    inp, _ = make_caches(s, 2, 40, seed=1)
+    wide = bench.served_inputs(inp, 100, s.page)
+    assert wide.max_seq_len == wide.req_to_token.shape[1] == -(-100 // s.page) * s.page
+    n = inp.req_to_token.shape[1]
+    assert torch.equal(wide.req_to_token[:, :n], inp.req_to_token) and not wide.req_to_token[:, n:].any()
+    assert torch.equal(wide.seq_lens, inp.seq_lens)
+    with pytest.raises(ValueError, match="shorter than the rows"):
+        bench.served_inputs(inp, 8, s.page)
+    rc = bench.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--widths", "1", "--contexts", "64,256",
+                     "--served-context", "200", "--shapes", "tp8", "--replays", "1", "--warmup", "0", "--layers", "1"])
+    assert rc == 0
+    import json
+
+    data = json.loads((tmp_path / "glm53_bench.json").read_text())
+    assert [(r["context"], r["served_context"]) for r in data["rows"]] == [(64, 208)] and not data["errors"]

@@ -58,6 +58,33 @@ def tk_keys(scores_ptr, stride_sc, m, c0, n):
 
 
 @triton.jit
+def tk_rows(seqlen_ptr, W: tl.constexpr):
+    """The rows' token counts as one vector (a power-of-two length >= W, 0 past W) and its index,
+    read once by a stage for all its tiles."""
+    tl.static_assert(W <= 32, "the top-k stages take at most 32 rows")
+    WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else (8 if W <= 8 else (16 if W <= 16 else 32)))
+    rows = tl.arange(0, WP2)
+    return rows, tl.load(seqlen_ptr + rows, mask=rows < W, other=0)
+
+
+@triton.jit
+def tk_tiles(rows, cnt):
+    """A stage's tiles numbered row after row, cnt[m] of row m: (the first tile of each row,
+    their number). A stage loops over these only, not over every chunk of the longest context
+    the launch was built for (a served kernel's, ~3000 chunks a row at GLM-5.3's 202752)."""
+    return tl.cumsum(cnt, 0) - cnt, tl.sum(cnt, 0)
+
+
+@triton.jit
+def tk_locate(t, rows, ns, first, cnt):
+    """Tile t of `tk_tiles`' numbering: (row m, chunk c within the row, the row's tokens n)."""
+    m = tl.sum(((first + cnt) <= t).to(tl.int32), 0)
+    c = t - tl.sum(tl.where(rows == m, first, 0), 0)
+    n = tl.sum(tl.where(rows == m, ns, 0), 0)
+    return m, c, n
+
+
+@triton.jit
 def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS: tl.constexpr):
     """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
@@ -66,21 +93,22 @@ def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
     if INDEXER:
         dig = tl.arange(0, 256)  # the histogram's bins
         shift: tl.constexpr = 24 - 8 * PASS
-        for t in range(pid, W * nck, nprog):
-            m = t // nck
-            c0 = (t % nck) * TKC
-            n = tl.load(seqlen_ptr + m)
-            if (n > TOPK) & (c0 < n):
-                hb = tkh_ptr + m * TKH_ROW
-                thr = tk_prefix(hb, TOPK, PASS)
-                inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
-                match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
-                d = ((key >> shift) & 255).to(tl.int32)
-                # no histogram mask on every Triton: count the others as digit 0 and take them
-                # off again
-                hist = tl.histogram(tl.where(match, d, 0), 256)
-                hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
-                tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
+        rows, ns = tk_rows(seqlen_ptr, W)
+        cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
+        first, total = tk_tiles(rows, cnt)
+        for t in range(pid, total, nprog):
+            m, c, n = tk_locate(t, rows, ns, first, cnt)
+            c0 = c * TKC
+            hb = tkh_ptr + m * TKH_ROW
+            thr = tk_prefix(hb, TOPK, PASS)
+            inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
+            match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
+            d = ((key >> shift) & 255).to(tl.int32)
+            # no histogram mask on every Triton: count the others as digit 0 and take them
+            # off again
+            hist = tl.histogram(tl.where(match, d, 0), 256)
+            hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
+            tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
 
 
 @triton.jit
@@ -89,15 +117,16 @@ def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
     """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
     and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
     if INDEXER:
-        for t in range(pid, W * nck, nprog):
-            m = t // nck
-            c0 = (t % nck) * TKC
-            n = tl.load(seqlen_ptr + m)
-            if (n > TOPK) & (c0 < n):
-                thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
-                inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
-                tl.store(tkc_ptr + t * 2, tl.sum(((key > thr) & inb).to(tl.int32), 0))
-                tl.store(tkc_ptr + t * 2 + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
+        rows, ns = tk_rows(seqlen_ptr, W)
+        cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
+        first, total = tk_tiles(rows, cnt)
+        for t in range(pid, total, nprog):
+            m, c, n = tk_locate(t, rows, ns, first, cnt)
+            thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+            inb, key = tk_keys(scores_ptr, stride_sc, m, c * TKC, n)
+            cb = tkc_ptr + (m * nck + c) * 2
+            tl.store(cb, tl.sum(((key > thr) & inb).to(tl.int32), 0))
+            tl.store(cb + 1, tl.sum(((key == thr) & inb).to(tl.int32), 0))
 
 
 @triton.jit
@@ -108,16 +137,18 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
     0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts."""
     if INDEXER:
         dig = tl.arange(0, TKC)
-        nw = tl.maximum(nck, (TOPK + TKC - 1) // TKC)
-        for t in range(pid, W * nw, nprog):
-            m = t // nw
-            c = t % nw
+        rows, ns = tk_rows(seqlen_ptr, W)
+        # a row of at most TOPK tokens writes its TOPK entries (indices, then -1)
+        cnt = tl.where(rows < W, tl.where(ns <= TOPK, (TOPK + TKC - 1) // TKC,
+                                          tl.minimum((ns + TKC - 1) // TKC, nck)), 0)
+        first, total = tk_tiles(rows, cnt)
+        for t in range(pid, total, nprog):
+            m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
-            n = tl.load(seqlen_ptr + m)
             if n <= TOPK:
                 tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
                          mask=c0 + dig < TOPK)
-            elif c0 < n:
+            else:
                 thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
                 ncr = (n + TKC - 1) // TKC
                 gtb = tl.full([], 0, tl.int32)

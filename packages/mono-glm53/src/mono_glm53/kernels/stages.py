@@ -512,30 +512,56 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
         # the top-k stages' histograms (4 passes x 256 bins a row) start from zero every step
         for m in range(pid, W, nprog):
             tl.store(tkh_ptr + m * TKH_ROW + tl.arange(0, TKH_ROW), tl.zeros([TKH_ROW], tl.int32))
-        tok = tl.arange(0, TB)
+        # The tiles of the rows' tokens only (not of max_tb, the served context's), numbered
+        # row after row; row m's n and req read once for all its tiles. Each iteration requests
+        # the next tile's page-table entries before it uses its own keys, so a tile waits on
+        # one memory round trip (its keys), not three (seqlen -> req -> page table -> keys)
+        WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
+        rows = tl.arange(0, WP2)
+        ns = tl.load(seqlen_ptr + rows, mask=rows < W, other=0)
+        reqs = tl.load(req_ptr + rows, mask=rows < W, other=0).to(tl.int64)
+        ntl = tl.minimum((ns + TB - 1) // TB, max_tb)
+        first = tl.cumsum(ntl, 0) - ntl
+        total = tl.sum(ntl, 0)
         d = tl.arange(0, ID)
         hh = tl.arange(0, IHP)
         hm = hh < IH
-        for t in range(pid, W * max_tb, nprog):
-            m = t // max_tb
-            p = t % max_tb
-            n = tl.load(seqlen_ptr + m)
-            if p * TB < n:
-                req = tl.load(req_ptr + m).to(tl.int64)
-                ti = p * TB + tok
-                tv = ti < n
-                phys = tl.load(rtt_ptr + req * stride_rtt + ti, mask=tv, other=0).to(tl.int64)
-                pg = phys // PG
-                off = phys % PG
-                kb = idx_cache_ptr + pg * (PG * (ID + 4))
-                kc = tl.load(kb[:, None] + off[:, None] * ID + d[None, :], mask=tv[:, None], other=0)
-                k = _e4m3_bf16(kc, FASTCVT)
-                ks = tl.load((kb + PG * ID).to(tl.pointer_type(tl.float32)) + off, mask=tv, other=0.0)
-                q = tl.load(iq8_ptr + (m * IH + hh[:, None]) * ID + d[None, :], mask=hm[:, None], other=0.0)
-                s = _dot(q, tl.trans(k))  # [IHP, TB]: exact fp8 products, fp32 sum
-                wt = tl.load(iwt_ptr + m * IH + hh, mask=hm, other=0.0)
-                logit = tl.sum(tl.maximum(s, 0.0) * wt[:, None], 0) * ks
-                tl.store(scores_ptr + m * stride_sc + ti, logit, mask=tv)
+        m, ti, tv, phys = _iscore_tile(pid, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
+        # num_stages=1: Triton's own pipelining of this loop (it has no branch now) took 52 more
+        # VGPRs on gfx950 (220 -> 272: one program a CU, not two) and spilled 4 bytes on sm_90
+        # under Triton 3.6 at 8 rows (Triton 3.8 compile checks, session 18)
+        for t in tl.range(pid, total, nprog, num_stages=1):
+            m1, ti1, tv1, phys1 = _iscore_tile(t + nprog, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
+            pg = phys // PG
+            off = phys % PG
+            kb = idx_cache_ptr + pg * (PG * (ID + 4))
+            kc = tl.load(kb[:, None] + off[:, None] * ID + d[None, :], mask=tv[:, None], other=0)
+            k = _e4m3_bf16(kc, FASTCVT)
+            ks = tl.load((kb + PG * ID).to(tl.pointer_type(tl.float32)) + off, mask=tv, other=0.0)
+            q = tl.load(iq8_ptr + (m * IH + hh[:, None]) * ID + d[None, :], mask=hm[:, None], other=0.0)
+            s = _dot(q, tl.trans(k))  # [IHP, TB]: exact fp8 products, fp32 sum
+            wt = tl.load(iwt_ptr + m * IH + hh, mask=hm, other=0.0)
+            logit = tl.sum(tl.maximum(s, 0.0) * wt[:, None], 0) * ks
+            tl.store(scores_ptr + m * stride_sc + ti, logit, mask=tv)
+            m = m1
+            ti = ti1
+            tv = tv1
+            phys = phys1
+
+
+@triton.jit
+def _iscore_tile(t, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB: tl.constexpr):
+    """Index-score tile t of the rows' tiles (row m's are first[m] .. first[m] + ntl[m] - 1):
+    its row, token indices, which of them are the row's, and their cache slots (none past the
+    last tile: its row matches no row)."""
+    m = tl.sum(((first + ntl) <= t).to(tl.int32), 0)
+    p = t - tl.sum(tl.where(rows == m, first, 0), 0)
+    n = tl.sum(tl.where(rows == m, ns, 0), 0)
+    req = tl.sum(tl.where(rows == m, reqs, 0), 0)
+    ti = p * TB + tl.arange(0, TB)
+    tv = ti < n
+    phys = tl.load(rtt_ptr + req * stride_rtt + ti, mask=tv, other=0).to(tl.int64)
+    return m, ti, tv, phys
 
 
 @triton.jit
