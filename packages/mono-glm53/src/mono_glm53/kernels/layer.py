@@ -176,15 +176,14 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     nqkv = s.qkv_a_out
     nh = s.heads_per_rank
     i_l = s.moe_inter_per_rank
-    # The indexer's bf16 wk | weights_proj (2 MB at GLM-5.3's shape) rides on the programs that
-    # also run a q_a/kv_a span: split as finely as K allows (one 16 KB block a tile at the TP8
+    # The indexer's bf16 wk | weights_proj (2 MB at GLM-5.3's shape) on programs of its own
+    # (`_qkva_split`); on a grid too small for that it rides on the programs that also run a
+    # q_a/kv_a span: split as finely as K allows (one 16 KB block a tile at the TP8
     # shard), so those programs run ~1.25x the others' bytes, not 2x (a split for nprog // 8
     # tiles held the stage at ~19 us against a ~10 us median program: H200 stamps, session 12).
-    ksi = _pick_ks(_cdiv(s.index_head_dim + s.index_heads, bn), hb, nprog, cap=hb, rule=ks_rule)
-    split = _qkva_split(nqkv, s.hidden, blk, s.index_head_dim + s.index_heads, bn, nprog) if indexer else None
-    p1 = 0
-    if split is not None:
-        p1, ksi = split
+    nik = s.index_head_dim + s.index_heads
+    split = _qkva_split(nqkv, s.hidden, blk, nik, bn, nprog) if indexer else None
+    p1, ksi = split if split is not None else (0, _pick_ks(_cdiv(nik, bn), hb, nprog, cap=hb, rule=ks_rule))
     nqb = nh * s.qk_head
     niq = s.index_heads * s.index_head_dim
     # The dense FP8 GEMVs stream-K: every program reads the same bytes (one span of PER

@@ -105,6 +105,9 @@ from mono_common.stages.rope import rope_apply as _rope_apply
 from mono_common.stages.routing import biased_topk as _routing
 from mono_common.stages.tiles import first_tile as _first_tile
 from mono_common.stages.topk import TKC, TKH_ROW  # noqa: F401 (the host sizes tkh / tkc from them)
+from mono_common.stages.topk import tk_locate as _tk_locate
+from mono_common.stages.topk import tk_rows as _tk_rows
+from mono_common.stages.topk import tk_tiles as _tk_tiles
 from mono_common.stages.topk import topk_count as stage_tkcount
 from mono_common.stages.topk import topk_hist as stage_tkhist
 from mono_common.stages.topk import topk_write as stage_tkwrite
@@ -513,16 +516,14 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
         for m in range(pid, W, nprog):
             tl.store(tkh_ptr + m * TKH_ROW + tl.arange(0, TKH_ROW), tl.zeros([TKH_ROW], tl.int32))
         # The tiles of the rows' tokens only (not of max_tb, the served context's), numbered
-        # row after row; row m's n and req read once for all its tiles. Each iteration requests
-        # the next tile's page-table entries before it uses its own keys, so a tile waits on
-        # one memory round trip (its keys), not three (seqlen -> req -> page table -> keys)
-        WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
-        rows = tl.arange(0, WP2)
-        ns = tl.load(seqlen_ptr + rows, mask=rows < W, other=0)
+        # row after row as the top-k stages number their chunks (`tk_tiles`); row m's n and req
+        # read once for all its tiles. Each iteration requests the next tile's page-table
+        # entries before it uses its own keys, so a tile waits on one memory round trip (its
+        # keys), not four (seqlen -> req -> page table -> keys)
+        rows, ns = _tk_rows(seqlen_ptr, W)
         reqs = tl.load(req_ptr + rows, mask=rows < W, other=0).to(tl.int64)
         ntl = tl.minimum((ns + TB - 1) // TB, max_tb)
-        first = tl.cumsum(ntl, 0) - ntl
-        total = tl.sum(ntl, 0)
+        first, total = _tk_tiles(rows, ntl)
         d = tl.arange(0, ID)
         hh = tl.arange(0, IHP)
         hm = hh < IH
@@ -554,9 +555,7 @@ def _iscore_tile(t, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB: tl.cons
     """Index-score tile t of the rows' tiles (row m's are first[m] .. first[m] + ntl[m] - 1):
     its row, token indices, which of them are the row's, and their cache slots (none past the
     last tile: its row matches no row)."""
-    m = tl.sum(((first + ntl) <= t).to(tl.int32), 0)
-    p = t - tl.sum(tl.where(rows == m, first, 0), 0)
-    n = tl.sum(tl.where(rows == m, ns, 0), 0)
+    m, p, n = _tk_locate(t, rows, ns, first, ntl)
     req = tl.sum(tl.where(rows == m, reqs, 0), 0)
     ti = p * TB + tl.arange(0, TB)
     tv = ti < n
