@@ -10,7 +10,7 @@ from mono_common import compilecheck as cc  # noqa: E402
 from mono_common.stages.entries import gemv_entry  # noqa: E402
 
 GEMV_SIG = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32", "out_ptr": "*fp32",
-            "bar_ptr": "*i32", "L": "i32"}
+            "bar_ptr": "*i32", "L": "i32", "fix_ptr": "*i32"}
 # (K, rows, BN, span, PER, KS, prefetch, warps, dot): the layer's form (128-column stream-K
 # spans on e4m3 swap-AB MMAs) at 1, 2 and 8 rows, and the 64-column split-K tile it replaced.
 # The register-prefetch forms spill on sm_90 (255 registers): benchmark-only, not compiled here.
@@ -38,10 +38,24 @@ def test_gemv_entry_compiles_without_spills(target, case, record_property):
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
 
 
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+def test_gemv_span_fixup_compiles_without_spills(target, record_property):
+    """The layer's q_a/kv_a form with its column tiles summed by their last span (FIX)."""
+    ce = dict(N=2624, K=6144, W=2, BM=16, BN=128, BLK=128, KS=1, PER=5, SLOTS=11, SPAN=True, FMT=1, XQ=True,
+              PRE=False, DOT=2, BAR=True, AMD=target == "gfx950", FIX=True)
+    res = cc.compile_kernel(gemv_entry, GEMV_SIG, ce, target, num_warps=4, pointer_align=16,
+                            num_stages=STAGES[target], amd_buffer_ops=False)
+    record_property("resources", cc.format_resources(res))
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+
+
 SMALL = [
     ("topk", "topk_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32", "tkh_ptr": "*i32",
                             "tkc_ptr": "*i32", "topk_ptr": "*i32", "nck": "i32"},
      [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)]),
+    ("topk_first", "topk_first_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32",
+                                        "tkh_ptr": "*i32"}, [dict(W=8, TOPK=2048, TB=64)]),
     ("routing", "routing_entry", {"lg_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "used_ptr": "*i32",
                                   "live_ptr": "*i32"},
      [dict(W=8, BM=8, E=256, TOPE=8, KSR=8, LIVE=False), dict(W=8, BM=8, E=256, TOPE=8, KSR=8, LIVE=True)]),

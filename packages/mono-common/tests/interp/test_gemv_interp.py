@@ -53,6 +53,41 @@ def test_stream_k_spans_cross_column_tiles():
     assert _rel(run_gemv(plan, x[:2], w, s)[0], block_fp8_gemv(x[:2], w[0], s[0])) < 1e-6
 
 
+@pytest.mark.parametrize("nprog", [3, 7])
+def test_span_fixup_sums_each_column_tile_into_slot_0(nprog):
+    """fixup: each column tile's last span sums the tile's partial slots into slot 0 (in slot
+    order from zero, so the bits of the host's slot-order sum of the plain launch), over two
+    weight sets (each its own counters), two launches on one fixup buffer (the programs'
+    epochs count on, as graph replays do); the other slots keep their partials. At 7 programs
+    spans end inside tiles (a tile's partials in up to 3 slots); a split-K plan is refused."""
+    from mono_common.stages.gemv_host import alloc_out, fixup_words, launch_gemv
+
+    x, w, s = _weights()
+    w2 = torch.cat([w, w.flip(1)])
+    s2 = torch.cat([s, s.flip(1)])
+    plan = GemvPlan.make(N, K, 3, nprog=nprog, bn=128, span=True)
+    plain = alloc_out(plan, 2, x.device)
+    launch_gemv(plan, x, w2, s2, plain)
+    fix = torch.zeros(fixup_words(plan, 2), dtype=torch.int32)
+    for _ in range(2):
+        fixed = alloc_out(plan, 2, x.device)
+        launch_gemv(plan, x, w2, s2, fixed, fixup=fix)
+        assert torch.equal(fixed[:, 1:], plain[:, 1:])
+        assert plan.slots > 1 and torch.equal(fixed[:, 0], _slot_order_sum(plain))
+    assert fix[-nprog:].tolist() == [2] * nprog
+    assert _rel(fixed[0, 0], block_fp8_gemv(x, w[0], s[0])) < 1e-6
+    with pytest.raises(ValueError, match="split-K"):
+        launch_gemv(GemvPlan.make(N, K, 3, nprog=3, bn=128, span=False, ks=2), x, w, s,
+                    alloc_out(GemvPlan.make(N, K, 3, nprog=3, bn=128, span=False, ks=2), 1, x.device), fixup=True)
+
+
+def _slot_order_sum(out):
+    acc = out[:, 0].clone()
+    for j in range(1, out.shape[1]):
+        acc += out[:, j]
+    return acc
+
+
 def test_prequantised_activations_give_the_same_bits():
     from mono_common.stages.gemv_host import alloc_out, launch_gemv
 

@@ -109,3 +109,59 @@ def test_chain_runs_through_the_epoch_and_target_wraps():
         c.guard.check()
         assert c.bad_and_epochs() == ([0], [_wrap32(start + n)])
         assert c.counter_values() == [_wrap32(start + n)] * 2
+
+
+@triton.jit
+def _flag_kernel(cnt_ptr, flag_ptr, target, abort_ptr, abort_tab, err_ptr, out_ptr, deadline, CLOCK: tl.constexpr):
+    from mono_common.device.guard import arrive_flag, wait_flag
+
+    pid = tl.program_id(0)
+    last = arrive_flag(cnt_ptr, flag_ptr, target, False)
+    ok = tl.full([], 1, tl.int1)
+    if last == 0:
+        ok = wait_flag(flag_ptr, target, abort_ptr, abort_tab, err_ptr, 0, pid, 7, deadline, 1, CLOCK, 0, False)
+    tl.store(out_ptr + 2 * pid, last.to(tl.int32))
+    tl.store(out_ptr + 2 * pid + 1, ok.to(tl.int32))
+
+
+def _flag(programs, counter, flag, target, polls=20, abort=0):
+    g = _guard(polls=polls)
+    g.abort[0, 0] = abort
+    cnt = torch.tensor([_wrap32(counter), 0], dtype=torch.int32)
+    fl = torch.tensor([_wrap32(flag), 0], dtype=torch.int32)
+    out = torch.zeros(2 * programs, dtype=torch.int32)
+    _flag_kernel[(programs,)](cnt, fl, target, g.abort[0], g.abort_tab, g.errors[0], out, g.deadline, CLOCK=g.clock)
+    return out.view(programs, 2).tolist(), int(cnt[0]), int(fl[0]), g
+
+
+@pytest.mark.parametrize("target", [2 ** 31 + 3, _wrap32(2 ** 31 + 3)])
+def test_flag_hand_off_last_arrival_publishes_modulo_2_32(target):
+    # one program short of the target (which crosses 2**31, passed wide or wrapped): this
+    # program's arrival is the last, it publishes the target and does not wait
+    res, cnt, fl, g = _flag(1, 2 ** 31 + 2, 2 ** 31 + 3 - 7, target)
+    g.check()
+    assert res == [[1, 1]] and cnt == fl == _wrap32(2 ** 31 + 3)
+
+
+def test_flag_hand_off_waits_for_the_later_programs_and_names_the_stage():
+    # 3 programs one after another: program 0 arrives first and waits for a flag that only
+    # program 2's arrival publishes; it times out, raises the abort flag, and program 1 stops
+    # on it; program 2 still arrives last and publishes
+    res, cnt, fl, g = _flag(3, 0, 0, 3, polls=30)
+    assert res == [[0, 0], [0, 0], [1, 1]] and cnt == fl == 3
+    with pytest.raises(errors.MonoWaitTimeout) as ei:
+        g.check()
+    w = ei.value.word
+    assert (w.code, w.stage, w.program, w.observed, w.expected, w.waited) == (errors.CODE_TIMEOUT, 7, 0, 0, 3, 30)
+
+
+def test_flag_hand_off_sees_a_published_flag_and_stops_on_abort():
+    # the flag already holds the target (a later arrival published it): the wait passes
+    res, cnt, fl, g = _flag(1, 0, 5, 5)
+    g.check()
+    assert res == [[0, 1]] and cnt == 1
+    # the abort flag raised by rank 1 stops a wait that cannot pass
+    res, _, _, g = _flag(1, 0, 0, 5, abort=2)
+    assert res == [[0, 0]]
+    with pytest.raises(errors.MonoAborted, match="raised by rank 1"):
+        g.check()

@@ -13,14 +13,17 @@ from mono_common.ref.routing import biased_topk  # noqa: E402
 from mono_common.stages import small_host as H  # noqa: E402
 
 
+@pytest.mark.parametrize("first_tile", [0, 64], ids=["own-stage", "first-pass-by-producer"])
 @pytest.mark.parametrize("lens", [(700, 40, 300, 1), (256, 257, 512, 33)], ids=["long-short", "chunk-edges"])
-def test_radix_topk_selects_the_top_k_set(lens):
+def test_radix_topk_selects_the_top_k_set(lens, first_tile):
+    """The top-k set, above-threshold keys then ties in index order; with the first radix
+    pass run by the scores' producer (`topk_hist_first`, tiles of 64) the same."""
     k = 128
     g = torch.Generator().manual_seed(sum(lens))
     L = max(lens)
     scores = torch.randn(len(lens), L, generator=g)  # distinct values: the set is unique
     seqlen = torch.tensor(lens, dtype=torch.int32)
-    got = H.run_topk(scores, seqlen, k, nprog=3)
+    got = H.run_topk(scores, seqlen, k, nprog=3, first_tile=first_tile)
     for m, n in enumerate(lens):
         row = got[m]
         if n <= k:
@@ -66,12 +69,13 @@ def test_radix_topk_in_buffers_wider_than_the_rows_touches_only_the_rows():
         assert (tkc[m, live:] == -5).all() and (tkc[m, :live] >= 0).all(), m
 
 
-def test_radix_topk_ties_resolve_in_index_order():
+@pytest.mark.parametrize("first_tile", [0, 32])
+def test_radix_topk_ties_resolve_in_index_order(first_tile):
     k = 8
     scores = torch.zeros(1, 300)
     scores[0, 10] = 5.0
     scores[0, 250] = 4.0  # the rest tie at 0.0: the lowest indices fill the remaining 6 slots
-    got = H.run_topk(scores, torch.tensor([300], dtype=torch.int32), k, nprog=2)
+    got = H.run_topk(scores, torch.tensor([300], dtype=torch.int32), k, nprog=2, first_tile=first_tile)
     assert got[0].tolist() == [10, 250, 0, 1, 2, 3, 4, 5]
 
 

@@ -36,3 +36,30 @@ def test_fp8_gemv_on_gpu(shape, rows, kw):
         rel = ((got[li].double().cpu() - ref).norm() / ref.norm()).item()
         print(f"rel_err {n}x{k} rows {rows} {kw}: {rel:.3e}")
         assert rel < BOUND[kw.get("dot", 0)], (li, rel)
+
+
+@pytest.mark.parametrize("shape", [(2624, 6144), (6144, 2048)], ids=["2624x6144", "6144x2048"])
+@pytest.mark.parametrize("rows", [1, 8])
+def test_span_fixup_on_gpu_gives_the_slot_order_sum(shape, rows):
+    """`gemv.span_fixup` with every program resident and racing: slot 0 holds the bits of the
+    host's slot-order sum of a plain launch's partials, over 20 launches on one fixup buffer."""
+    from mono_common.stages.gemv_host import GemvPlan, alloc_out, fixup_words, launch_gemv
+
+    n, k = shape
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = (torch.randn(2, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(2, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
+    x = torch.randn(rows, k, generator=g, device="cuda").to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
+    assert plan.slots > 1
+    plain = alloc_out(plan, 2, "cuda")
+    launch_gemv(plan, x, w.view(torch.uint8), s, plain)
+    want = plain[:, 0].clone()
+    for j in range(1, plan.slots):
+        want += plain[:, j]
+    fix = torch.zeros(fixup_words(plan, 2), dtype=torch.int32, device="cuda")
+    for _ in range(20):
+        fixed = alloc_out(plan, 2, "cuda")
+        launch_gemv(plan, x, w.view(torch.uint8), s, fixed, fixup=fix)
+        torch.cuda.synchronize()
+        assert torch.equal(fixed[:, 0], want)

@@ -32,6 +32,10 @@ gets a `BenchCase` and returns a zero-argument step that must be CUDA-graph capt
 step may carry `check()` (called after timing) and `profile(steps)` (per-stage spans of a
 rotation of such steps, in microseconds).
 
+`--base TREE` times another checkout's monokernel beside "mono" in the same run; `--knobs JSON`
+times named sets of the monokernel's measurement knobs (`kernels.layer.KNOBS`) the same way, and
+the side-by-side tables say whether each set's outputs are mono's bits (`out_digest`).
+
 The TP8 shard runs one rank alone: its all-reduce points are identity (no collective time).
 The GPU machine has no sglang: this module imports none.
 """
@@ -270,17 +274,37 @@ def _bases(spec: str) -> dict[str, str]:
 
 
 def _side_by_side(rows: list[dict], new: str = "mono", old: str = "base") -> str:
-    """Per point, the kernel before (`old`) and now (`new`): times, floor fractions, speedup."""
+    """Per point, the kernel before (`old`) and now (`new`): times, floor fractions, speedup, and
+    whether their outputs are the same bits (both paths' digests, where both have one)."""
     by = {(r["shape"], r["context"], r["width"], r["path"]): r for r in rows}
     lines = [f"{'shape':5} {'ctx':>6} {'w':>2} {old + ' us':>9} {new + ' us':>9} {'floor':>7} "
-             f"{'x floor':>8} {'speedup':>7}"]
+             f"{'x floor':>8} {'speedup':>7} {'bits':>5}"]
     for (sh, ctx, w, p), r in by.items():
         b = by.get((sh, ctx, w, old))
         if p != new or b is None:
             continue
+        same = "-" if not (r.get("out_digest") and b.get("out_digest")) else (
+            "same" if r["out_digest"] == b["out_digest"] else "DIFF")
         lines.append(f"{sh:5} {ctx:>6} {w:>2} {b['us']:>9.1f} {r['us']:>9.1f} {r['floor_us']:>7.1f} "
-                     f"{r['us'] / r['floor_us']:>7.2f}x {b['us'] / r['us']:>6.2f}x")
+                     f"{r['us'] / r['floor_us']:>7.2f}x {b['us'] / r['us']:>6.2f}x {same:>5}")
     return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def _knob_sets(ap, spec: str) -> dict[str, dict]:
+    """--knobs JSON -> {name: {knob: value}}, every knob name one of `layer.KNOBS` (all the
+    unknown ones refused at once)."""
+    from mono_glm53.kernels.layer import KNOBS
+
+    try:
+        sets = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        ap.error(f"--knobs is not JSON: {exc}")
+    if not isinstance(sets, dict) or not all(isinstance(v, dict) for v in sets.values()):
+        ap.error("--knobs must map each name to an object of knob names and values")
+    unknown = sorted({f"{n}.{k}" for n, v in sets.items() for k in v if k not in KNOBS})
+    if unknown:
+        ap.error(f"--knobs: unknown knobs {unknown} (known: {sorted(KNOBS)})")
+    return sets
 
 
 def _meta(a, argv, t_start, ceiling_tbs: float, bases: dict[str, str]) -> dict:
@@ -329,7 +353,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the monokernel of each checkout TREE (its packages/*/src folders, e.g. "
                          "a git archive of an earlier commit) as path NAME (default 'base'), beside 'mono' "
                          "in this run")
+    ap.add_argument("--knobs", default=None, metavar="JSON",
+                    help="named sets of the monokernel's measurement knobs, each timed as a path of its "
+                         "name beside 'mono' in this run: '{\"hf\": {\"handoff_flag\": true}}' "
+                         "(mono_glm53.kernels.layer.KNOBS)")
     a = ap.parse_args(argv)
+    knob_sets = _knob_sets(ap, a.knobs) if a.knobs else {}
     if a.layers < 1:
         ap.error(f"--layers {a.layers}: a rotation needs at least one layer")
     if a.served_context is not None and a.served_context < 1:
@@ -355,10 +384,20 @@ def main(argv: list[str] | None = None) -> int:
 
         for name, tree in bases.items():
             register_path(name, side_builder(tree))
+    if knob_sets:
+        if a.device != "cuda":
+            ap.error("--knobs times the monokernel: it needs --device cuda")
+        clash = sorted(set(knob_sets) & (set(PATHS) | set(bases)))
+        if clash:
+            ap.error(f"--knobs names {clash} are taken by other paths: name the sets otherwise")
+        from mono_glm53.kernels.bench_path import knob_builder
+
+        for name, knobs in knob_sets.items():
+            register_path(name, knob_builder(knobs))
     widths = [int(x) for x in a.widths.split(",")]
     contexts = [int(x) for x in (a.contexts or ("64,256" if a.tiny else "4096,65536")).split(",")]
     paths = a.paths.split(",") if a.paths else list(PATHS)
-    paths += [n for n in bases if n not in paths]
+    paths += [n for n in list(bases) + list(knob_sets) if n not in paths]
     if "unfused" in paths:
         paths = ["unfused"] + [p for p in paths if p != "unfused"]
     os.makedirs(a.out, exist_ok=True)
@@ -413,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         steps = [PATHS[pname](c) for c in cases]
                         r = _time_path(steps, a.device, a.warmup, a.replays)
+                        if hasattr(steps[0], "kernel"):
+                            from mono_glm53.kernels.bench_path import output_digest
+
+                            r["out_digest"] = output_digest(steps[0], width)
                         if not a.no_stamps and a.device == "cuda" and hasattr(steps[0], "profile"):
                             r["stamps_us"] = steps[0].profile(steps)
                     except Exception as exc:  # keep the other points; the row records the error
@@ -458,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     print(_table(rows))
     for name, tree in bases.items():
         print(f"side by side ({tree} as {name!r}):\n" + _side_by_side(rows, old=name))
+    for name, knobs in knob_sets.items():
+        print(f"side by side (knobs {name!r}: {knobs}):\n" + _side_by_side(rows, new=name, old="mono"))
     print(json.dumps({k: meta[k] for k in ("device", "torch", "fp8_gemm", "scaled_mm_variant", "seconds")}))
     for e in errors:
         print("error:", e)

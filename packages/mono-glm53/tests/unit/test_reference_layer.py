@@ -383,10 +383,32 @@ def test_bench_base_trees_are_named_and_compared_side_by_side(capsys):
             dict(row, width=2, path="mono", us=160.0)]  # no v035 row at width 2: left out
     table = bench._side_by_side(rows, old="v035").splitlines()
     assert len(table) == 2 and "v035 us" in table[0]
-    assert table[1].split() == ["tp8", "4096", "1", "300.0", "150.0", "25.0", "6.00x", "2.00x"]
+    assert table[1].split() == ["tp8", "4096", "1", "300.0", "150.0", "25.0", "6.00x", "2.00x", "-"]
     # --base on the CPU is refused (it times a monokernel), before anything is built
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--base", "/nonexistent"])
+    assert "needs --device cuda" in capsys.readouterr().err
+
+
+def test_bench_knob_sets_are_checked_and_compared_with_mono_bit_for_bit(capsys):
+    """--knobs: named knob sets, each a path beside "mono"; unknown knob names are refused
+    before anything is built, all at once; the side-by-side table says whether a set's outputs
+    are mono's bits (their digests)."""
+    row = dict(shape="tp8", context=4096, width=1, floor_us=25.0)
+    rows = [dict(row, path="mono", us=180.0, out_digest="ab"), dict(row, path="hf", us=150.0, out_digest="ab"),
+            dict(row, width=2, path="mono", us=190.0, out_digest="cd"),
+            dict(row, width=2, path="hf", us=170.0, out_digest="ce")]
+    table = bench._side_by_side(rows, new="hf", old="mono").splitlines()
+    assert [line.split()[-1] for line in table] == ["bits", "same", "DIFF"]
+    assert table[1].split()[3:5] == ["180.0", "150.0"]
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": {"handof_flag": true, "x": 1}, "b": {}}'])
+    assert "unknown knobs ['a.handof_flag', 'a.x']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": 3}'])
+    assert "must map each name to an object" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": {"handoff_flag": true}}'])
     assert "needs --device cuda" in capsys.readouterr().err
 
 

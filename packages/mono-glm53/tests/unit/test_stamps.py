@@ -38,3 +38,20 @@ def test_unwritten_or_misshapen_stamps_are_refused():
         summarize([_row(5000, (1, 2), (3, 4), 5)], NAMES)
     with pytest.raises(ValueError, match="rows of 8 entries"):
         summarize([[0] * 7], NAMES)
+
+
+def test_a_folded_hand_off_reports_no_hand_off_and_an_empty_stage():
+    """A hand-off the launch did not run (`layer.folded_handoffs`: both its stamps one clock
+    reading) has no hand-off entry; the others keep theirs."""
+    import dataclasses
+
+    from mono_glm53.config import tiny
+    from mono_glm53.kernels.layer import folded_handoffs, make_plan
+
+    rows = [_row(0, (1000, 5000), (1000, 6000), 9000),
+            _row(500, (2000, 5500), (2000, 6100), 7000)]
+    out = summarize(rows, NAMES, folded=(1,))
+    assert "handoff" not in out["b"] and out["c"]["handoff"] == pytest.approx(0.5)
+    plan = make_plan(tiny(), 2, True, 3)
+    assert folded_handoffs(plan) == ()
+    assert folded_handoffs(dataclasses.replace(plan, AQ=True, TKF=True)) == (1, 6)

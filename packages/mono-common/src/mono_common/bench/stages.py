@@ -53,6 +53,9 @@ GEMV_VARIANTS = {
     "s128fq": dict(bn=128, span=True, num_warps=4, dot=2, xq=True),  # + x quantised by its producer
     "s128fqp": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, pre=True),  # + register prefetch
     "s128fqh": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, hflag=True),  # s128fq, flag hand-off
+    # s128fq with each column tile summed into slot 0 by its last span (gemv.span_fixup), as
+    # mono-glm53's qkva_fixup / qb_fixup / oproj_fixup knobs do (not yet run on the H200)
+    "s128fqx": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, fixup=True),
     # the k-loop pipelined 3 deep, every load (scales, and x where the loop quantises it); H200,
     # session 14: 0.2-0.7 us slower than s128f / s128fq at every shape and row count
     "s128fl": dict(bn=128, span=True, num_warps=4, dot=2, lstg=3),
@@ -136,6 +139,7 @@ def variant_plan(name: str, n: int, k: int, rows: int, nprog: int):
     kw = dict(GEMV_VARIANTS[name])
     xq = kw.pop("xq", False)
     kw.pop("hflag", None)  # the hand-off's form, not the plan's (_gemv_case reads it)
+    kw.pop("fixup", None)  # the launch's, not the plan's (_gemv_case reads it)
     grid = nprog // 2 if kw.get("num_warps", 4) == 8 else nprog
     return GemvPlan.make(n, k, rows, grid, **kw), xq
 
@@ -143,7 +147,7 @@ def variant_plan(name: str, n: int, k: int, rows: int, nprog: int):
 def _gemv_case(torch, dev, job, ceiling, memo):
     from mono_common.ref.fp8 import per_token_group_quant
     from mono_common.ref.gemv import block_fp8_gemv
-    from mono_common.stages.gemv_host import alloc_out, launch_gemv, run_gemv
+    from mono_common.stages.gemv_host import alloc_out, fixup_words, launch_gemv, run_gemv
     from mono_common.stages.handoff import BAR_WORDS
 
     (n, k), rows = job.shape, job.rows
@@ -163,6 +167,7 @@ def _gemv_case(torch, dev, job, ceiling, memo):
     _, x, refs = memo["gemv_x"]
     plan, xq = variant_plan(job.variant, n, k, rows, job.nprog)
     hflag = GEMV_VARIANTS[job.variant].get("hflag", False)
+    fixup = GEMV_VARIANTS[job.variant].get("fixup", False)
     xs = None
     xin = x
     if xq:
@@ -185,7 +190,10 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         bound = 1e-3 if plan.dot == 2 else 1e-6
         return dict(rel_err=err) if err < bound else dict(rel_err=err, error=f"relative error {err:.3g} vs fp64")
 
-    return Case(row, L, {tag: (lambda b=b: launch_gemv(plan, xin, w, s, out, bar, barrier=b, xs=xs, flag=hflag))
+    # the fixup's counters and epochs: one buffer for every launch (they count on)
+    fix = torch.zeros(fixup_words(plan, L), dtype=torch.int32, device=dev) if fixup else None
+    return Case(row, L, {tag: (lambda b=b: launch_gemv(plan, xin, w, s, out, bar, barrier=b, xs=xs, flag=hflag,
+                                                       fixup=fix))
                          for tag, b in (("bar", True), ("nobar", False))},
                 run=lambda: run_gemv(plan, xin, w[:1], s[:1], xs=xs), compare=compare)
 

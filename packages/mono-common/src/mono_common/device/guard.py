@@ -240,6 +240,78 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
 
 
 @triton.jit
+def arrive_flag(cnt_ptr, flag_ptr, target, SYS: tl.constexpr):
+    """Arrive on a hand-off whose waiters poll a flag (`wait_flag`): add 1 to the int32 counter
+    at cnt_ptr; the arrival that makes it `target` (modulo 2**32) stores target in the flag
+    word at flag_ptr. Returns whether this program made that arrival (it need not wait).
+
+    The form of `stages.handoff.grid_handoff_flag` with the guard's deadline and abort flag:
+    every program makes one RMW on the counter (`wait_ge` polls it with RMWs, which serialise
+    with the arrivals at its L2 slice). acq_rel, not release: the last arrival's release of
+    the flag carries the others' writes only if it acquires their release-adds (one release
+    sequence on the counter; happens-before is transitive). Lane 1 of the 2-lane shapes is a
+    masked spare (a single-lane atomic has hung on gfx950: the module's note)."""
+    lane = tl.arange(0, 2)
+    first = lane == 0
+    tgt = _wrap32(target)
+    ones = tl.full([2], 1, tl.int32)
+    # every thread's writes of the stage before the one thread's arrival (as `signal`)
+    tl.debug_barrier()
+    if SYS:
+        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="sys")
+    else:
+        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="gpu")
+    last = tl.sum(tl.where(first, old, 0), 0) == tgt - 1
+    if last:
+        if SYS:
+            tl.atomic_xchg(flag_ptr + lane, ones * tgt, mask=first, sem="release", scope="sys")
+        else:
+            tl.atomic_xchg(flag_ptr + lane, ones * tgt, mask=first, sem="release", scope="gpu")
+    return last
+
+
+@triton.jit
+def wait_flag(flag_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
+              NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
+    """Wait until the flag word `arrive_flag` publishes equals `target` (modulo 2**32), with
+    `wait_ge`'s deadline, abort flag and one verdict a program. The polls are volatile loads of
+    the flag and the abort flag (plain reads: hundreds of waiters do not serialise at the L2);
+    they order nothing, so one acquire RMW of the flag follows a seen target (it reads from the
+    release exchange or later, and synchronises with it). Equality: the flag holds the previous
+    target until this one is published, never more while this program has not arrived again.
+    sm_90 and the interpreter only: a volatile load polled in a loop has hung on gfx950."""
+    lane = tl.arange(0, 2)
+    first = lane == 0
+    tgt = _wrap32(target)
+    ptrs = tl.where(first, flag_ptr, abort_ptr)
+    start = program_now(CLOCK)
+    v = tl.load(ptrs, volatile=True)
+    cur = tl.sum(tl.where(first, v, 0), 0)
+    ab = tl.sum(tl.where(first, 0, v), 0)
+    iters = 0
+    waited = tl.full([], 0, tl.int64)
+    while (cur != tgt) & (ab == 0) & (waited < deadline):
+        v = tl.load(ptrs, volatile=True)
+        cur = tl.sum(tl.where(first, v, 0), 0)
+        ab = tl.sum(tl.where(first, 0, v), 0)
+        iters += 1
+        waited = _waited(waited, start, iters, CLOCK)
+    ok = (cur == tgt) & (ab == 0)
+    if ok:
+        zero = tl.zeros([2], tl.int32)
+        if SYS:
+            tl.atomic_add(flag_ptr + lane, zero, mask=first, sem="acquire", scope="sys")
+        else:
+            tl.atomic_add(flag_ptr + lane, zero, mask=first, sem="acquire", scope="gpu")
+    else:
+        fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
+             NRANK, FAULT)
+    # the threads other than the acquiring one read data the producers wrote: order after it
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
 def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
                 NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
     """Wait until every int32 counter of the 1-D pointer tensor `cnt_ptrs` reaches its target

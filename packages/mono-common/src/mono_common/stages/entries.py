@@ -7,8 +7,10 @@ hand-off) or none (the stage's streaming rate). Used by the interpreter tests (L
 and by `mono bench stages`. gemv_entry's BAR 2 hands off with `handoff.grid_handoff_flag`
 instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm device).
 
-  gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32
+  gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32 (FIX: the spans'
+                 column tiles summed into slot 0 by their last span, `gemv.span_fixup`)
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write)
+  topk_first_entry  the first radix pass as a producer of the scores runs it (TB scores a tile)
   routing_entry  `stages.routing.biased_topk` of logits [W, E] -> weights [W, E], used [E]
                  (LIVE: only the rows whose live [W] int32 is nonzero route)
   rmsnorm_entry  `stages.norm.rmsnorm_vec` per row of x [W, D]
@@ -22,6 +24,7 @@ The small entries run one row a program (grid = rows): what the layer calls per 
 import triton
 import triton.language as tl
 
+from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
 from mono_common.stages.gemv import gemv_span, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
@@ -29,7 +32,7 @@ from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, s
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
-from mono_common.stages.topk import topk_count, topk_hist, topk_write
+from mono_common.stages.topk import tk_locate, tk_rows, tk_tiles, topk_count, topk_hist, topk_hist_first, topk_write
 
 
 @triton.jit
@@ -51,7 +54,10 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
                PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
-               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False):
+               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False):
+    # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
+    # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
+    # [nprog]: all zero before the first launch, never reset (graph replays count on)
     # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -62,9 +68,18 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     wl = w_ptr
     sl = s_ptr
     ol = out_ptr
+    NTF: tl.constexpr = (N + BN - 1) // BN
+    epoch = 0
+    if FIX:
+        epoch = epoch_begin(fix_ptr + L * NTF + pid)
     for li in range(L):
         if SPAN:
-            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG, FASTCVT)
+            if FIX:
+                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
+                          FASTCVT, fix_ptr + li * NTF, epoch, SLOTS)
+            else:
+                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
+                          FASTCVT)
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
@@ -90,6 +105,23 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
         topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True)
     else:
         topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, W, TOPK, True)
+
+
+@triton.jit
+def topk_first_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W: tl.constexpr, TOPK: tl.constexpr,
+                     TB: tl.constexpr):
+    """The top-k's first radix pass run the way a producer of the scores runs it
+    (`topk_hist_first`), one (row, TB-score tile) a tile over the rows' tiles."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    rows, ns = tk_rows(seqlen_ptr, W)
+    cnt = (ns + TB - 1) // TB
+    first, total = tk_tiles(rows, cnt)
+    for t in range(pid, total, nprog):
+        m, c, n = tk_locate(t, rows, ns, first, cnt)
+        ti = c * TB + tl.arange(0, TB)
+        x = tl.load(scores_ptr + m * stride_sc + ti, mask=ti < n, other=0.0)
+        topk_hist_first(tkh_ptr, m, x, ti < n, n, TOPK)
 
 
 @triton.jit

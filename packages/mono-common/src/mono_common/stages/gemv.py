@@ -156,10 +156,12 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               PER: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
               PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
-              FASTCVT: tl.constexpr = False):
+              FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
     """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
     tile-major order; each column tile it touches gets one partial in slot p - first(tile).
-    LSTG, FASTCVT: as `gemv_tile`'s."""
+    LSTG, FASTCVT: as `gemv_tile`'s. KSF > 0: after each partial the span arrives on its
+    tile's counter (fix_ptr[tile], int32); the tile's last span (`span_fixup`) sums the tile's
+    KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF."""
     NKB: tl.constexpr = K // BLK
     NT = (N + BN - 1) // BN
     i0 = p * PER
@@ -177,7 +179,41 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
                      K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
         slot = p - (nt * NKB) // PER
         _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
+        if KSF > 0:
+            # the spans that touch tile nt: its first K block's span to its last one's
+            nspan = ((nt + 1) * NKB - 1) // PER - (nt * NKB) // PER + 1
+            span_fixup(fix_ptr + nt, epoch * nspan, out_ptr, nt * BN, N, NSTR, W, BN, KSF)
         i = nt * NKB + kb1
+
+
+@triton.jit
+def span_fixup(cnt_ptr, target, out_ptr, col0, N, NSTR: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
+               KSF: tl.constexpr):
+    """Arrive on a column tile's counter (int32, + 1 a partial); the arrival that makes it
+    `target` (modulo 2**32: epoch times the tile's spans, so the counter never resets) sums the
+    tile's KSF partial slots of out [KSF, W, NSTR], columns col0..col0+BN, in slot order from
+    zero (the bits a consumer's `sum_slots` would get) and writes the sum to slot 0. The one
+    RMW is acq_rel: the other spans released their partials with theirs, and its acquire
+    (with the barrier after it) orders this program's reads of them. Slots no span wrote
+    hold zero (the buffer's allocation), as for `sum_slots`."""
+    lane = tl.arange(0, 2)
+    first = lane == 0
+    tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
+    # every thread's partial stores before the one thread's arrival
+    tl.debug_barrier()
+    old = tl.atomic_add(cnt_ptr + lane, tl.full([2], 1, tl.int32), mask=first, sem="acq_rel", scope="gpu")
+    if tl.sum(tl.where(first, old, 0), 0) == tgt - 1:
+        tl.debug_barrier()
+        c = col0 + tl.arange(0, BN)
+        cm = c < N
+        for m in range(W):
+            base = out_ptr + m * NSTR + c
+            acc = tl.zeros([BN], tl.float32)
+            # every slot's load in flight together (a [BN] vector a slot: one register a thread
+            # at 4 warps), the adds in slot order
+            for sl in tl.static_range(KSF):
+                acc += tl.load(base + sl * (W * NSTR), mask=cm, other=0.0)
+            tl.store(base, acc, mask=cm)
 
 
 KS_RULES = ("first", "balanced")

@@ -74,11 +74,19 @@ def alloc_out(plan: GemvPlan, L: int, device):
     return torch.zeros(L, plan.slots, plan.W, plan.N, dtype=torch.float32, device=device)
 
 
+def fixup_words(plan: GemvPlan, L: int) -> int:
+    """int32 words of `launch_gemv`'s fixup buffer: a counter per (weight set, column tile),
+    then an epoch slot per program."""
+    return L * _cdiv(plan.N, plan.BN) + plan.nprog
+
+
 def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrier: bool = False, xs=None,
-                flag: bool = False):
+                flag: bool = False, fixup=None):
     """One launch over the L = w.shape[0] weight sets (`stages.entries.gemv_entry`); with
     barrier a grid hand-off after each, `entries.grid_handoff` or with flag
-    `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words)."""
+    `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words). fixup (span plans): each
+    column tile's last span sums its partials into slot 0 (`gemv.span_fixup`); True, or the
+    int32 buffer of `fixup_words` words (zero before its first launch) that launches reuse."""
     import torch
 
     from mono_common.stages.entries import gemv_entry
@@ -94,6 +102,13 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
     if barrier:
         bar.zero_()
+    fix = bar
+    if fixup is not None and fixup is not False:
+        if not plan.span:
+            raise ValueError("fixup sums a stream-K span plan's partials: this plan is split-K")
+        fix = torch.zeros(fixup_words(plan, L), dtype=torch.int32, device=x.device) if fixup is True else fixup
+        if fix.numel() < fixup_words(plan, L) or fix.dtype != torch.int32:
+            raise ValueError(f"the fixup buffer needs {fixup_words(plan, L)} int32 words")
     xq = xs is not None
     # with a hand-off every program must be resident: a cooperative launch refuses a grid that
     # is not, instead of spinning forever (an 8-warp tile at 255 registers fits once per SM)
@@ -106,7 +121,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
         FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
-        num_warps=plan.num_warps, **coop)
+        fix_ptr=fix, FIX=fix is not bar, num_warps=plan.num_warps, **coop)
     return out
 
 

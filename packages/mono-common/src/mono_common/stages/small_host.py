@@ -1,6 +1,6 @@
 """Host side of the small standalone stages: buffers and launches of `stages.entries`' entries.
 
-    topk = run_topk(scores [W, L] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
+    topk = run_topk(scores [W, L] fp32, seqlen [W] int32, k, nprog[, first_tile])   # [W, k] int32
     w, used = run_routing(logits [W, E], bias [E], top_k[, live [W]])  # [W, E] fp32, [E] int32
     run_rmsnorm(x [W, D] fp32, weight [D] bf16, eps) / run_rope(x [W, RD] fp32, pos [W], cs, neox)
     run_hadamard(x [W, D] fp32, scale)
@@ -11,10 +11,12 @@ layer links them by hand-offs). torch is imported inside the functions.
 from __future__ import annotations
 
 
-def run_topk(scores, seqlen, k: int, nprog: int):
+def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0):
+    """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
+    that many scores (`topk.topk_hist_first`), instead of its own stage."""
     import torch
 
-    from mono_common.stages.entries import topk_entry
+    from mono_common.stages.entries import topk_entry, topk_first_entry
     from mono_common.stages.topk import TKC, TKH_ROW
 
     W, L = scores.shape
@@ -22,7 +24,9 @@ def run_topk(scores, seqlen, k: int, nprog: int):
     tkh = torch.zeros(W, TKH_ROW.value, dtype=torch.int32, device=scores.device)
     tkc = torch.zeros(W, nck, 2, dtype=torch.int32, device=scores.device)
     topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
-    for stage in range(6):
+    if first_tile:
+        topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)
+    for stage in range(1 if first_tile else 0, 6):
         topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, W=W, TOPK=k, STAGE=stage)
     return topk
 

@@ -6,8 +6,8 @@ index order until TOPK are placed (deterministic); a row of n <= TOPK tokens tak
 -1 after. Keys are order-preserving integers of the scores (`okey`); four 8-bit radix passes
 (`topk_hist`, PASS 0..3) fill a row's four 256-bin histograms at tkh [rows, TKH_ROW] (zeroed
 before the first pass), every TKC-key chunk of every row a tile (integer atomics: any order,
-same sum); `topk_count` counts each chunk's keys above and equal to the threshold into tkc
-[rows, nck, 2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide
+same sum; `topk_hist_first` runs pass 0 in the stage that produces the scores instead);
+`topk_count` counts each chunk's keys above and equal to the threshold into tkc [rows, nck, 2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide
 hand-off separates the stages. Every program derives the threshold from the complete
 histograms itself (`tk_prefix`), so no stage publishes it.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
@@ -91,7 +91,6 @@ def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
     of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
     row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
     if INDEXER:
-        dig = tl.arange(0, 256)  # the histogram's bins
         shift: tl.constexpr = 24 - 8 * PASS
         rows, ns = tk_rows(seqlen_ptr, W)
         cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
@@ -103,12 +102,32 @@ def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
             thr = tk_prefix(hb, TOPK, PASS)
             inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
             match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
-            d = ((key >> shift) & 255).to(tl.int32)
-            # no histogram mask on every Triton: count the others as digit 0 and take them
-            # off again
-            hist = tl.histogram(tl.where(match, d, 0), 256)
-            hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
-            tl.atomic_add(hb + PASS * 256 + dig, hist, mask=hist != 0, sem="relaxed")
+            _hist_add(hb + PASS * 256, ((key >> shift) & 255).to(tl.int32), match)
+
+
+@triton.jit
+def _hist_add(hp, d, match):
+    """Add the histogram of the digits d where match into the 256 bins at hp (integer
+    atomics: any order, same sum)."""
+    dig = tl.arange(0, 256)
+    # no histogram mask on every Triton: count the others as digit 0 and take them off again
+    hist = tl.histogram(tl.where(match, d, 0), 256)
+    hist -= tl.where(dig == 0, tl.sum((~match).to(tl.int32), 0), 0)
+    tl.atomic_add(hp + dig, hist, mask=hist != 0, sem="relaxed")
+
+
+@triton.jit
+def topk_hist_first(tkh_ptr, m, x, valid, n, TOPK: tl.constexpr):
+    """The first radix pass (`topk_hist` PASS 0) over scores as their producer writes them: a
+    tile x of row m's scores (valid: which are the row's tokens; n its token count) added into
+    the row's histogram 0, so no stage of its own runs the pass. Rows of n <= TOPK count
+    nothing, as in `topk_hist`. The histograms must be zero before any producer adds: a hand-
+    off or more before it (not in the producer's own stage, whose other programs may add first)."""
+    if n > TOPK:
+        # one atomic a key, no tl.histogram: a producer's tile is a few dozen keys, and the
+        # histogram took the layer's index-score loop from 236 to 300 VGPRs on gfx950
+        d = ((okey(x) >> 24) & 255).to(tl.int32)
+        tl.atomic_add(tkh_ptr + m * TKH_ROW + d, tl.full(d.shape, 1, tl.int32), mask=valid, sem="relaxed")
 
 
 @triton.jit

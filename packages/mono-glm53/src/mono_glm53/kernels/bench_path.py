@@ -10,6 +10,8 @@ itself on a GPU; another caller of the bench's PATHS calls `register()` first.
 its packages/mono-common/src and packages/mono-glm53/src, such as a `git archive` of an
 earlier commit), imported beside this one (`mono_common.bench.side_tree`) so both are timed in
 one run on the same weights; its steps stamp no stages (earlier kernels may have no stamps).
+`knob_builder(knobs)`: the "mono" path with `GlmLayerKernel` measurement knobs (`--knobs`);
+`output_digest(step, rows)`: what the bench compares the paths' outputs by.
 """
 
 from __future__ import annotations
@@ -44,15 +46,40 @@ def _fused_step(kernel_cls, case, scope=contextlib.nullcontext):
 
 
 def build_mono(case):
-    from mono_glm53.kernels.layer import GlmLayerKernel
+    return knob_builder({})(case)
 
-    step, k = _fused_step(GlmLayerKernel, case)
-    # The bench calls this after timing: in report mode an expired wait raises here instead
-    # of the timed numbers passing silently.
-    step.check = k.guard.check
-    step.kernel = k
-    step.profile = rotation_profile
-    return step
+
+def knob_builder(knobs: dict):
+    """The "mono" path's builder with the kernel's measurement knobs (`layer.KNOBS` by name;
+    the kernel refuses unknown names and out-of-range values)."""
+    def build(case):
+        import functools
+
+        from mono_glm53.kernels.layer import GlmLayerKernel
+
+        step, k = _fused_step(functools.partial(GlmLayerKernel, **knobs), case)
+        # The bench calls this after timing: in report mode an expired wait raises here instead
+        # of the timed numbers passing silently.
+        step.check = k.guard.check
+        step.kernel = k
+        step.profile = rotation_profile
+        return step
+
+    return build
+
+
+def output_digest(step, rows: int) -> str:
+    """A digest of the outputs (hidden, residual, top-k) of `step`'s kernel's real rows after its
+    last launch: equal digests across paths on the same case mean the same bits."""
+    import hashlib
+
+    import torch
+
+    k = step.kernel
+    h = hashlib.sha256()
+    for t in (k.out, k.res_out, k.topk):
+        h.update(t[:rows].detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def side_builder(tree: str):

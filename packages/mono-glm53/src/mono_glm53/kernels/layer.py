@@ -53,7 +53,7 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "folded_handoffs", "KNOBS"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -133,6 +133,28 @@ class Plan:
     # programs 0..P1-1 run q_a/kv_a's spans, P1.. the indexer's wk | weights_proj tiles (0:
     # every program a span and the tiles dealt from program 0): `_qkva_split`
     P1: int = 0
+    # hand-offs whose waiters poll a flag word with loads, one RMW a program (a measurement
+    # knob, `GlmLayerKernel(handoff_flag=True)`; not on gfx950: `stages._sync`)
+    HF: bool = False
+    # the MLA tiles' KVL loops pipelined MLS deep (0: the launch's; `mla_stages`, a knob)
+    MLS: int = 0
+    # q_a/kv_a's column tiles summed by their last span into slot 0 (`qkva_fixup`, a knob)
+    FIX1: bool = False
+    # q_b's and the indexer wq_b's column tiles summed likewise (`qb_fixup`, a knob)
+    FIX3: bool = False
+    # o_proj's column tiles summed likewise (`oproj_fixup`, a knob)
+    FIX9: bool = False
+    # addnorm folded into q_a/kv_a, no stage of its own (`norm_in_qkva`, a knob)
+    AQ: bool = False
+    # the top-k's first radix pass folded into the index scores (`hist_in_scores`, a knob)
+    TKF: bool = False
+    # gate_up's MMA form, k-loop depth and column tile (0: BN): `gateup_dot`, `gateup_stages`,
+    # `gateup_bn`, knobs
+    GDOT: int = 0
+    GSTG: int = 0
+    BNG: int = 0
+    # latent's MLA cache rows and index keys run in the absorb stage (`latent_late`, a knob)
+    LQ: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -207,7 +229,7 @@ def make_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, ks_rule: 
     # tiles, 24 programs with two, 190.0 us a layer at 1 row; split 3 = 216 tiles, 184.6 us,
     # gate_up 29.5 -> 23.4 us; split 6 184.9 us, split 2 189.8 us; at 8 rows 336.1 -> 334.3 us).
     # The cap: up to 6 measured, the partials' sum in the SiLU stage grows with it
-    ksg = _pick_ks(_cdiv(2 * i_l, bn) * (1 + s.top_k), hb, nprog, cap=6, rule="balanced")
+    ksg = _gateup_split(s, bn, nprog)
     bnd = min(32, blk)
     ct = min(64, s.index_topk)
     hg = 16
@@ -243,29 +265,112 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
     return dataclasses.replace(make_plan(s, width, indexer, nprog, ks_rule), R=world, RP2=rp2, ARB=arb)
 
 
-def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, gateup_split: int | None, qkva_programs: int | None,
-                index_split: int | None, down_step: int | None) -> Plan:
-    """`plan` with GlmLayerKernel's measurement knobs (None: the plan's); every out-of-range
-    value refused at once, each with what is allowed."""
+# GlmLayerKernel's measurement knobs: keyword -> what it sets (`_with_knobs`)
+KNOBS = {
+    "gateup_split": "Plan.KSG, gate_up's split-K (a divisor of the hidden size's K blocks)",
+    "qkva_programs": "Plan.P1, the programs of the q_a/kv_a spans (0: every program; the index tiles on the rest)",
+    "index_split": "Plan.KSI, the index wk | weights_proj split-K",
+    "down_step": "Plan.DSTEP, down's slots a pipelined step (1 or 2)",
+    "handoff_flag": "Plan.HF, hand-offs polled on a flag word with loads (not on a HIP device)",
+    "mla_stages": "Plan.MLS, the MLA tiles' loop depth (0: the launch's)",
+    "index_tile": "Plan.TB, the index scores' tokens a tile (a power of two in 16..256)",
+    "qkva_fixup": "Plan.FIX1, q_a/kv_a's column tiles summed by their last span",
+    "qb_fixup": "Plan.FIX3, q_b's and wq_b's column tiles summed by their last span",
+    "oproj_fixup": "Plan.FIX9, o_proj's column tiles summed by their last span",
+    "norm_in_qkva": "Plan.AQ, addnorm folded into q_a/kv_a: no stage or hand-off of its own",
+    "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores",
+    "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
+    "gateup_stages": "Plan.GSTG, gate_up's k-loop depth with every load (0: Triton's, MMA operands only)",
+    "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
+    "latent_late": "Plan.LQ, latent's MLA cache rows and index keys run in the absorb stage",
+}
+
+
+def folded_handoffs(plan: Plan) -> tuple[int, ...]:
+    """The hand-offs a launch of `plan` does not run, the stages either side of each being one
+    (Plan.AQ: addnorm's work in q_a/kv_a's stage, hand-off 1; Plan.TKF: the first radix pass in
+    the index scores' stage, hand-off 6); the emptied stage's stamps span ~0."""
+    return tuple(s for s, on in ((1, plan.AQ), (6, plan.TKF)) if on)
+
+
+def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
+    """gate_up's split-K for `bn`-column tiles: the balanced rule over one row's 1 + top_k slots
+    (the plan does not know a step's distinct experts), capped at 6 (`make_plan`)."""
+    return _pick_ks(_cdiv(2 * s.moe_inter_per_rank, bn) * (1 + s.top_k), s.hidden // s.block, nprog, cap=6,
+                    rule="balanced")
+
+
+def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
+    """`plan` with GlmLayerKernel's measurement knobs (`KNOBS`; a None value: the plan's);
+    every unknown knob and out-of-range value refused at once, each with what is allowed."""
     kb = s.hidden // s.block
     errors, change = [], {}
-    if down_step is not None:
-        if down_step not in (1, 2):
-            errors.append(f"down_step {down_step} is not 1 or 2")
-        change["DSTEP"] = int(down_step)
-    for name, v, field in (("gateup_split", gateup_split, "KSG"), ("index_split", index_split, "KSI")):
-        if v is not None:
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        errors.append(f"unknown knobs {unknown} (known: {sorted(KNOBS)})")
+    k = {n: v for n, v in knobs.items() if v is not None and n in KNOBS}
+    # the knobs that take one of a few integers
+    for name, field, allowed, what in (
+            ("down_step", "DSTEP", (1, 2), "1 or 2"),
+            ("mla_stages", "MLS", range(9), "0 (the launch's depth) or 1..8"),
+            ("gateup_dot", "GDOT", (0, 1), "0 or 1 (the e4m3 MMA form sums off SGLang's)"),
+            ("gateup_stages", "GSTG", range(7), "0 (Triton's) or 1..6")):
+        if name in k:
+            if k[name] not in allowed:
+                errors.append(f"{name} {k[name]} is not {what}")
+            change[field] = int(k[name])
+    for name, field in (("gateup_split", "KSG"), ("index_split", "KSI")):
+        if name in k:
+            v = k[name]
             if v < 1 or kb % v:
                 errors.append(f"{name} {v} does not divide the {kb} K blocks of the hidden size")
             change[field] = int(v)
-    if qkva_programs is not None:
-        if qkva_programs and not 0 < qkva_programs < nprog:
-            errors.append(f"qkva_programs {qkva_programs} is not 0 (no split) or in 1..{nprog - 1}")
-        elif qkva_programs and not plan.INDEXER:
+    if "qkva_programs" in k:
+        qp = k["qkva_programs"]
+        if qp and not 0 < qp < nprog:
+            errors.append(f"qkva_programs {qp} is not 0 (no split) or in 1..{nprog - 1}")
+        elif qp and not plan.INDEXER:
             errors.append("qkva_programs needs the indexer (its tiles run on the other programs)")
         else:
-            per1 = span_per(s.qkv_a_out, s.hidden, BNS, s.block, qkva_programs or nprog)
-            change.update(P1=int(qkva_programs), PER1=per1, KS1=span_slots(s.hidden, s.block, per1))
+            per1 = span_per(s.qkv_a_out, s.hidden, BNS, s.block, qp or nprog)
+            change.update(P1=int(qp), PER1=per1, KS1=span_slots(s.hidden, s.block, per1))
+    if k.get("handoff_flag"):
+        if hip:
+            errors.append("handoff_flag polls with volatile loads, which have hung on gfx950: build without it")
+        change["HF"] = True
+    if "index_tile" in k:
+        it = k["index_tile"]
+        if it & (it - 1) or not 16 <= it <= 256:
+            errors.append(f"index_tile {it} is not a power of two in 16..256")
+        change["TB"] = int(it)
+    for name, field, tiles, room in (("qkva_fixup", "FIX1", _cdiv(s.qkv_a_out, BNS), 64),
+                                     ("qb_fixup", "FIX3", _cdiv(max(s.heads_per_rank * s.qk_head,
+                                                                    s.index_heads * s.index_head_dim), BNS), 128),
+                                     ("oproj_fixup", "FIX9", _cdiv(s.hidden, BNS), 128)):
+        if k.get(name):
+            if tiles > room:
+                errors.append(f"{name} counts {tiles} column tiles; the counter buffer holds {room}")
+            change[field] = True
+    # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the norm folded into q_a/kv_a
+    # spilled 64 registers (the first pass in the index scores: 236 -> 244 VGPRs, no spills)
+    if k.get("norm_in_qkva"):
+        if s.hidden // plan.HB > 4:
+            errors.append(f"norm_in_qkva norms whole rows of at most 4 x {plan.HB} values, not {s.hidden}")
+        if hip:
+            errors.append("norm_in_qkva spills on gfx950: build without it")
+        change["AQ"] = True
+    if k.get("hist_in_scores"):
+        change["TKF"] = True
+    if k.get("latent_late"):
+        change["LQ"] = True
+    if "gateup_bn" in k:
+        bn = k["gateup_bn"]
+        if bn not in (16, 32, 64, 128) or bn > 2 * s.block:
+            errors.append(f"gateup_bn {bn} is not 16, 32, 64 or 128 (at most twice the block {s.block})")
+        else:
+            change["BNG"] = int(bn)
+            if "gateup_split" not in k:
+                change["KSG"] = _gateup_split(s, bn, nprog)
     if errors:
         raise ValueError("mono-glm53 layer kernel: " + "; ".join(errors))
     return dataclasses.replace(plan, **change)
@@ -425,8 +530,7 @@ class GlmLayerKernel:
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
                  num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
-                 fast_cvt: bool | None = None, xq_producer: bool | None = None, gateup_split: int | None = None,
-                 qkva_programs: int | None = None, index_split: int | None = None, down_step: int | None = None):
+                 fast_cvt: bool | None = None, xq_producer: bool | None = None, **knobs):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -445,9 +549,9 @@ class GlmLayerKernel:
         Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs). `xq_producer`: the
         q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits;
         None: the ISA's, on for sm_90; True is refused on gfx950, where it spills 18 scalar
-        registers at the TP8 rank, width 2). `gateup_split`, `qkva_programs`, `index_split`,
-        `down_step`: Plan.KSG, P1 (0: no split), KSI and DSTEP instead of `make_plan`'s
-        (measurement knobs; each refused with a reason when out of range)."""
+        registers at the TP8 rank, width 2). `knobs`: the measurement knobs of `KNOBS` by name
+        (each moves work between programs, folds a stage or changes a loop's form; every unknown
+        name and out-of-range value refused at once with what is allowed)."""
         from mono_common.guard_host import Guard
 
         self.s = s
@@ -481,13 +585,15 @@ class GlmLayerKernel:
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
                                    FASTCVT=fcvt, XQP=xqp)
-        self.plan = _with_knobs(plan, s, self.nprog, gateup_split, qkva_programs, index_split, down_step)
+        self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
         W = width
         f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
-        self.max_seq_len = _cdiv(max_seq_len, s.page) * s.page
+        # whole pages, and whole index-score tiles (a tile may span pages: Plan.TB > page)
+        unit = max(s.page, p.TB)
+        self.max_seq_len = _cdiv(max_seq_len, unit) * unit
         self.max_pages = self.max_seq_len // s.page
 
         make = alloc if alloc is not None else (lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
@@ -565,7 +671,10 @@ class GlmLayerKernel:
         # and staged launches bump both alike, so they can be mixed step by step. int32, compared
         # modulo 2**32 (exact at any launch count: mono_common.device.epochs); tests run
         # launches across the point where the targets epoch * nprog pass 2**31
-        self.cnt = z(32, dtype=i32)
+        # the stage counters, then (stages.FLAGS, one line on) the hand-off flags of Plan.HF:
+        # every reset and wrap sets both, so a flag holds the last published target; then
+        # (stages.FIXW, FIXQB, FIXIQ, FIXOP) the column-tile counters of Plan.FIX1, FIX3, FIX9
+        self.cnt = z(512, dtype=i32)
         self.epoch = z(self.nprog, dtype=i32)
         # per-program clock stamps of the fused launch's hand-offs, written only while
         # `self.stamp` is set (kernels.stamps reads them; profiling, not the product path)
@@ -615,6 +724,20 @@ class GlmLayerKernel:
         wrap = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
         self.epoch.fill_(wrap(epoch))
         self.cnt.fill_(wrap(epoch * self.nprog))
+        # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
+        s, p = self.s, self.plan
+        fixed = []
+        if p.FIX1:
+            fixed.append((64, s.qkv_a_out, s.hidden, p.PER1))
+        if p.FIX3:
+            fixed += [(128, s.heads_per_rank * s.qk_head, s.q_lora, p.PER3),
+                      (256, s.index_heads * s.index_head_dim, s.q_lora, p.PERQ)]
+        if p.FIX9:
+            fixed.append((384, s.hidden, s.heads_per_rank * s.v_head, p.PER9))
+        for base, n, k, per in fixed:
+            nkb = k // s.block
+            for c in range(_cdiv(n, BNS)):
+                self.cnt[base + c] = wrap(epoch * (((c + 1) * nkb - 1) // per - (c * nkb) // per + 1))
 
     def stop_recorded(self):
         """The error word of a stop this object's guard holds for its rank (a host read of

@@ -21,9 +21,11 @@ import statistics
 __all__ = ["summarize", "stage_profile", "fused_stage_profile"]
 
 
-def summarize(stamps, stage_names, ns_per_tick: float = 1.0) -> dict[str, dict[str, float]]:
+def summarize(stamps, stage_names, ns_per_tick: float = 1.0, folded=()) -> dict[str, dict[str, float]]:
     """Per-stage span/busy/handoff (us) and "total" of one launch's stamps: a sequence of
-    per-program rows of 2 * len(stage_names) + 2 clock values (`stages.STAMP_W`)."""
+    per-program rows of 2 * len(stage_names) + 2 clock values (`stages.STAMP_W`). `folded`:
+    the hand-offs the launch did not run (`layer.folded_handoffs`), which get no "handoff"
+    entry."""
     rows = [list(map(int, r)) for r in stamps]
     n = len(stage_names)
     if not rows or any(len(r) != 2 * n + 2 for r in rows):
@@ -38,7 +40,7 @@ def summarize(stamps, stage_names, ns_per_tick: float = 1.0) -> dict[str, dict[s
             raise ValueError(f"stage {name}: a program's end stamp precedes its start (stamps not written?)")
         st = {"span": (max(done) - min(go)) * us, "busy_max": busy[-1] * us,
               "busy_med": statistics.median(busy) * us}
-        if s >= 1:
+        if s >= 1 and s not in folded:
             st["handoff"] = (min(go) - max(r[2 * s] for r in rows)) * us
         out[name] = st
     out["total"] = {"span": (max(r[2 * n] for r in rows) - min(r[1] for r in rows)) * us}
@@ -55,6 +57,7 @@ def stage_profile(kernels, launch, replays: int = 20, samples: int = 5) -> dict[
 
     from mono_common.graph_timing import capture
     from mono_common.guard_host import ticks_per_s
+    from mono_glm53.kernels.layer import folded_handoffs
     from mono_glm53.kernels.stages import STAGE_NAMES
 
     for k in kernels:
@@ -68,7 +71,8 @@ def stage_profile(kernels, launch, replays: int = 20, samples: int = 5) -> dict[
             torch.cuda.synchronize()
             for k in kernels:
                 k.guard.check()
-                sums.append(summarize(k.stamps.cpu().tolist(), STAGE_NAMES, 1e9 / ticks_per_s(k.guard.clock)))
+                sums.append(summarize(k.stamps.cpu().tolist(), STAGE_NAMES, 1e9 / ticks_per_s(k.guard.clock),
+                                      folded_handoffs(k.plan)))
         del g
     finally:
         for k in kernels:

@@ -1,0 +1,60 @@
+"""GPU (H200) tests of the layer kernel's measurement knobs (`kernels.layer.KNOBS`): each knob set's
+fused launch, where programs really race (flag hand-offs, the fixups' last-arrival sums, the
+index scores' histogram atomics, the folded norm's overlapping stores, latent's work moved into
+the absorb stage), writes the default fused launch's bits: outputs, MLA and index-K caches, over
+three steps in a row, with random per-program stage delays on the last.
+"""
+
+import pytest
+import torch
+
+# No skipif here: the mono pytest plugin marks tests/kernels `gpu`, skips them without a GPU
+# and fails them under --require-gpu.
+
+KNOB_SETS = {
+    "handoff_flag": dict(handoff_flag=True),
+    "fixups": dict(qkva_fixup=True, qb_fixup=True, oproj_fixup=True),
+    "folded": dict(norm_in_qkva=True, hist_in_scores=True, latent_late=True),
+    "gateup_forms": dict(gateup_stages=3, gateup_bn=128),
+    "mla_index": dict(mla_stages=4, index_tile=128),
+    "all": dict(handoff_flag=True, qkva_fixup=True, qb_fixup=True, oproj_fixup=True, norm_in_qkva=True,
+                hist_in_scores=True, latent_late=True, mla_stages=4),
+}
+_REF = {}
+
+
+def _default(width, ctx):
+    """The TP8 shard's case and the default kernel's three fused steps (one per (width, ctx))."""
+    from mono_glm53.config import REAL
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.weights import make_weights
+
+    key = (width, ctx)
+    if key not in _REF:
+        _REF.clear()
+        s = REAL.tp_shard(8, 0)
+        w = make_weights(s, device="cuda", seed=0)
+        c = build_case(s, width, ctx, True, "cuda", seed=41, weights=w)
+        k = GlmLayerKernel(s, w, width, max_seq_len=ctx)
+        _REF[key] = (s, w, c, _steps(k, c, kernel_out))
+    return _REF[key]
+
+
+def _steps(k, c, kernel_out):
+    got = [kernel_out(c, k, "fused") for _ in range(2)] + [kernel_out(c, k, "fused", delay=2000)]
+    k.guard.check()
+    return got
+
+
+@pytest.mark.parametrize("width,ctx", [(2, 4096), (8, 4096)])
+@pytest.mark.parametrize("name", list(KNOB_SETS))
+def test_knob_sets_give_the_default_fused_bits(name, width, ctx):
+    from mono_glm53.kernels.harness import kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s, w, c, want = _default(width, ctx)
+    k = GlmLayerKernel(s, w, width, max_seq_len=ctx, **KNOB_SETS[name])
+    for step, ((a, ca), (b, cb)) in enumerate(zip(want, _steps(k, c, kernel_out))):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), (name, step)
+        assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), (name, step)
