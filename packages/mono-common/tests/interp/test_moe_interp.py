@@ -110,8 +110,10 @@ def test_moe_span_gateup_matches_the_reference_and_the_tiles(pattern, W, K, npro
 
 
 @pytest.mark.parametrize("form", [dict(down_stages=3), dict(down_stages=2, fastcvt=True),
-                                  dict(down_stages=3, down_step=2), dict(gate_stages=3)],
-                         ids=["down-pipelined", "down-pipelined-fastcvt", "down-two-slots", "gate-pipelined"])
+                                  dict(down_stages=3, down_step=2), dict(gate_stages=3),
+                                  dict(down_stages=3, down_ids=True), dict(down_stages=3, down_step=2, down_ids=True)],
+                         ids=["down-pipelined", "down-pipelined-fastcvt", "down-two-slots", "gate-pipelined",
+                              "down-ids-in-registers", "down-two-slots-ids-in-registers"])
 @pytest.mark.parametrize("pattern,W,K,ksg", [("distinct", 3, 4, None), ("distinct", 2, 4, 2), ("overlap", 4, 3, None),
                                              ("empty", 2, 2, None)],
                          ids=["distinct", "distinct-splitk", "overlap-zero-weight", "shared-only"])
@@ -156,6 +158,8 @@ def test_moe_loop_form_options_are_checked():
         MoePlan.make(H, I, E, 2, 1, 4, gate_dot=2)  # the e4m3 form is the spans' only
     with pytest.raises(ValueError, match="depths"):
         MoePlan.make(H, I, E, 2, 1, 4, gate_stages=-1)
+    with pytest.raises(ValueError, match="down_ids is a form of the pipelined down loop"):
+        MoePlan.make(H, I, E, 2, 1, 4, down_ids=True)
 
 
 def test_moe_span_steps_leave_no_stale_partials():

@@ -291,9 +291,9 @@ def _side_by_side(rows: list[dict], new: str = "mono", old: str = "base") -> str
 
 
 def _knob_sets(ap, spec: str) -> dict[str, dict]:
-    """--knobs JSON -> {name: {knob: value}}, every knob name one of `layer.KNOBS` (all the
-    unknown ones refused at once)."""
-    from mono_glm53.kernels.layer import KNOBS
+    """--knobs JSON -> {name: {knob: value}}, every knob name one of `layer.KNOBS` or
+    `layer.MEASUREMENT_KWARGS` (all the unknown ones refused at once)."""
+    from mono_glm53.kernels.layer import KNOBS, MEASUREMENT_KWARGS
 
     try:
         sets = json.loads(spec)
@@ -301,9 +301,10 @@ def _knob_sets(ap, spec: str) -> dict[str, dict]:
         ap.error(f"--knobs is not JSON: {exc}")
     if not isinstance(sets, dict) or not all(isinstance(v, dict) for v in sets.values()):
         ap.error("--knobs must map each name to an object of knob names and values")
-    unknown = sorted({f"{n}.{k}" for n, v in sets.items() for k in v if k not in KNOBS})
+    known = set(KNOBS) | set(MEASUREMENT_KWARGS)
+    unknown = sorted({f"{n}.{k}" for n, v in sets.items() for k in v if k not in known})
     if unknown:
-        ap.error(f"--knobs: unknown knobs {unknown} (known: {sorted(KNOBS)})")
+        ap.error(f"--knobs: unknown knobs {unknown} (known: {sorted(known)})")
     return sets
 
 
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knobs", default=None, metavar="JSON",
                     help="named sets of the monokernel's measurement knobs, each timed as a path of its "
                          "name beside 'mono' in this run: '{\"hf\": {\"handoff_flag\": true}}' "
-                         "(mono_glm53.kernels.layer.KNOBS)")
+                         "(mono_glm53.kernels.layer.KNOBS and MEASUREMENT_KWARGS)")
     a = ap.parse_args(argv)
     knob_sets = _knob_sets(ap, a.knobs) if a.knobs else {}
     if a.layers < 1:

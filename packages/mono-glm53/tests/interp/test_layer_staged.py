@@ -153,7 +153,8 @@ def test_plan_knobs_give_the_default_bits():
     k0, a, ca = run()
     assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(mla_stages=6), dict(index_tile=32),
-               dict(gateup_stages=3, gateup_bn=16), dict(gateup_dot=1), dict(qkva_programs=20, index_split=2)):
+               dict(gateup_stages=3, gateup_bn=16), dict(gateup_dot=1), dict(down_id_vector=True, down_step=2),
+               dict(qkva_programs=20, index_split=2)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw
@@ -163,6 +164,8 @@ def test_plan_knobs_give_the_default_bits():
                                          r"is not 0 or 1.*; gateup_split 5 does not divide the 8 K blocks.*; "
                                          r"qkva_programs 24 is not 0 \(no split\) or in 1..23"):
         run(gate_split=2, down_step=3, gateup_split=5, qkva_programs=24, gateup_dot=2)
+    with pytest.raises(ValueError, match="down_id_vector is a form of down's pipelined slot loop"):
+        run(down_stages=0, down_id_vector=True)
     with pytest.raises(ValueError, match=r"mla_stages 9 is not 0 \(the launch's depth\) or 1..8; gateup_stages 7 "
                                          r"is not 0 .Triton's. or 1..6; index_tile 48 is not a power of two in "
                                          r"16..256; gateup_bn 48 is not 16, 32, 64 or 128"):

@@ -16,9 +16,10 @@ KNOB_SETS = {
     "fixups": dict(qkva_fixup=True, qb_fixup=True, oproj_fixup=True),
     "folded": dict(norm_in_qkva=True, hist_in_scores=True, latent_late=True),
     "gateup_forms": dict(gateup_stages=3, gateup_bn=128),
+    "down_id_vector": dict(down_id_vector=True),
     "mla_index": dict(mla_stages=4, index_tile=128),
     "all": dict(handoff_flag=True, qkva_fixup=True, qb_fixup=True, oproj_fixup=True, norm_in_qkva=True,
-                hist_in_scores=True, latent_late=True, mla_stages=4),
+                hist_in_scores=True, latent_late=True, mla_stages=4, down_id_vector=True),
 }
 _REF = {}
 

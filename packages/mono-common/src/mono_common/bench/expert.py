@@ -50,6 +50,10 @@ EXPERT_VARIANTS = {
     "spxw": dict(span=True, gate_dot=0, bn=64, fastcvt=True, down_stages=3, down_step=2),
     "spwx64": dict(span=True, gate_dot=1, bn=64, fastcvt=True, down_stages=3, down_step=2),
     "tiles2": dict(fastcvt=True, down_stages=3, down_step=2),  # spills 16 bytes at 1 row (sm_90)
+    # pipe3cvt / tiles2 with the down loop's expert ids picked from registers: its weights two
+    # iterations ahead, not one (sm_90 TTGIR, session 19: async_wait 9 / 18, not 0); not yet run
+    "idv": dict(down_stages=3, fastcvt=True, down_ids=True),
+    "idv2": dict(down_stages=3, fastcvt=True, down_step=2, down_ids=True),
 }
 
 

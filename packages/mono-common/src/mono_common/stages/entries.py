@@ -185,7 +185,7 @@ def _moe_step(tab, li, arrived, routed_scale,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
               LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
               DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
-              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False):
     """Step li of `moe_entry`; `arrived`: the hand-off count so far (returned updated)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -222,7 +222,7 @@ def _moe_step(tab, li, arrived, routed_scale,
         moe_down(pid, nprog, _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
                  _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l, _tp(tab, MOE_SSH2, f32) + l64 * ss2_l,
                  se, sw, ns, _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM, H, I, BND, BLK,
-                 NSLOT, DSTG, FASTCVT, DSTEP)
+                 NSLOT, DSTG, FASTCVT, DSTEP, IDV)
     if BAR:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
@@ -236,7 +236,7 @@ def moe_entry(tab, routed_scale, L0, L,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
               LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
               DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
-              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False):
     """Stages FIRST..LAST of `stages.moe` (0 gate_up, 1 SiLU, 2 down) for steps L0..L0+L-1.
     Step l reads its lists ids / wts [l] [W, K], the routed experts they name from the one pool
     w13 / w2 (lists naming other experts each step rotate the reads through it) and its own
@@ -248,11 +248,11 @@ def moe_entry(tab, routed_scale, L0, L,
     SPAN / PER: gate_up as stream-K spans (`stages.moe.moe_gateup`), a bench variant. DSTG:
     down's slot loop pipelined DSTG deep, DSTEP slots an iteration; FASTCVT: e4m3 weights
     converted on sm_90's integer and bf16 pipes; GDOT / GSTG: gate_up's MMA form and k-loop
-    depth (`stages.moe`)."""
+    depth; IDV: down's pipelined loop picks the expert ids from registers (`stages.moe`)."""
     arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
     # no loop-invariant code motion: the lane masks and offsets of the three stages do not
     # change from step to step, and hoisted out of the loop they held gfx950's scalar registers
     # through every stage (40 SGPR spills at the TP8 rank shape, 2 rows)
     for li in tl.range(L0, L0 + L, disable_licm=True):
         arrived = _moe_step(tab, li, arrived, routed_scale, W, BM, WP2, H, E, K, I, BN, BND, BI, BLK, KSG, NSLOT,
-                            FIRST, LAST, BAR, SPAN, PER, DSTG, FASTCVT, DSTEP, GDOT, GSTG)
+                            FIRST, LAST, BAR, SPAN, PER, DSTG, FASTCVT, DSTEP, GDOT, GSTG, IDV)

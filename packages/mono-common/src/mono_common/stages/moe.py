@@ -236,14 +236,19 @@ def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr,
 @triton.jit
 def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
                  cols, cb, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-                 BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr):
+                 BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr, exs=None, sidx=None):
     """Slot u's bf16-rounded down tile [BM, BND] with every load unconditional: slot 0's weights
-    picked by pointer, a u past the last slot reads slot ns - 1 again (its result is dropped)."""
+    picked by pointer, a u past the last slot reads slot ns - 1 again (its result is dropped).
+    The slot's expert id is loaded, or (exs given) picked from the ids exs [len(sidx)] in
+    registers."""
     EB2: tl.constexpr = H * I
     NKB: tl.constexpr = (I + BLK - 1) // BLK
     SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
     uc = tl.minimum(u, ns - 1)
-    ex = tl.load(slot_e_ptr + uc).to(tl.int64)  # slot 0's entry is unused (the shared expert)
+    if exs is None:
+        ex = tl.load(slot_e_ptr + uc).to(tl.int64)  # slot 0's entry is unused (the shared expert)
+    else:
+        ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
     wb = tl.where(uc == 0, wsh2_ptr, w2_ptr + ex * EB2)
     sb = tl.where(uc == 0, ssh2_ptr, s2_ptr + ex * SB2)
     acc = tl.zeros([BM, BND], tl.float32)
@@ -261,28 +266,35 @@ def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_
 def _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_w_ptr,
                          o_ptr, routed_scale, rows, rmask, cols0, kk, W: tl.constexpr, BM: tl.constexpr,
                          H: tl.constexpr, I: tl.constexpr, BND: tl.constexpr, BLK: tl.constexpr,
-                         NSLOT: tl.constexpr, DSTG: tl.constexpr, FASTCVT: tl.constexpr, DSTEP: tl.constexpr = 1):
-    """`moe_down`'s column tile t with the slots as one loop that Triton pipelines DSTG deep,
-    DSTEP (1 or 2) slots an iteration, each slot's K blocks unrolled and every load of a slot
-    unconditional (`_down_slot_y`): the loads of the next DSTG - 1 iterations (weights, x, their
-    scales, the slots' expert ids and routing weights) are in flight while one computes (the id
-    is loaded, not picked from a register vector of every slot's: that vector and its reduction
-    spilled sm_90 registers at 8 rows, TP8 layer). The per-slot down_slot loop drained its loads
-    before the next slot began: one memory round trip a slot, ~29 us for 17 slots at 2 rows
-    (H200 stamps, sm_90 TTGIR, session 14). Same sums in the same order as the unpipelined form."""
+                         NSLOT: tl.constexpr, DSTG: tl.constexpr, FASTCVT: tl.constexpr, DSTEP: tl.constexpr = 1,
+                         exs=None, sidx=None):
+    """`moe_down`'s column tile t with the slots as one loop that Triton pipelines (num_stages
+    DSTG), DSTEP (1 or 2) slots an iteration, each slot's K blocks unrolled and every load of a
+    slot unconditional (`_down_slot_y`). Same sums in the same order as the unpipelined form.
+
+    What Triton makes of it (sm_90 TTGIR, Triton 3.6, the GLM-5.3 TP8 layer, session 19): with
+    each slot's expert id loaded in the loop, the weights' addresses depend on that load, and the
+    pipeliner puts the id two iterations ahead but the weights, x and scales only one: a slot's
+    copies are issued after the slot before has computed and are waited for in full at the top
+    of the next iteration (async_wait num 0; 1 of 18 groups at two slots a step). So a slot
+    still costs one memory round trip, at DSTG 3 and at 4 alike (the same schedule). With the
+    ids picked from registers (exs: loaded once by the caller) no load gates an address, and
+    the next iteration's copies stay in flight (num 9, 18 at two slots a step). The per-slot down_slot loop of session 14 drained its
+    loads before the next slot began: ~29 us for 17 slots at 2 rows (H200 stamps); the id vector
+    with its reduction spilled sm_90 registers at 8 rows in that form."""
     cols = t * BND + cols0
     cb = (t * BND) // BLK
     shared = tl.zeros([BM, BND], tl.float32)
     routed = tl.zeros([BM, BND], tl.float32)
     for u in tl.range(0, ns, DSTEP, num_stages=DSTG):
         y = _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
-                         cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT)
+                         cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
         wr = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
         shared = tl.where(u == 0, y, shared)
         routed += tl.where(((wr != 0.0) & (u > 0))[:, None], bf16r(y * wr[:, None]), 0.0)
         if DSTEP == 2:
             y1 = _down_slot_y(u + 1, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows,
-                              rmask, cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT)
+                              rmask, cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
             wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
             routed += tl.where((wr1 != 0.0)[:, None], bf16r(y1 * wr1[:, None]), 0.0)
     out = bf16r(routed * routed_scale) + shared
@@ -294,27 +306,33 @@ def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_p
              nslot_ptr, o_ptr, routed_scale,
              W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
              BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, DSTG: tl.constexpr = 0,
-             FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
+             FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False):
     """down of every slot in use and the weighted sum over slots -> o [W, H] bf16, one
     BND-column tile a program step (each tile's sum is its program's: nothing to reduce).
     DSTG > 0: the slots of a tile are one loop pipelined DSTG deep, DSTEP slots an iteration
-    (`_down_tile_pipelined`);
+    (`_down_tile_pipelined`; IDV: the slots' expert ids read once as a vector, not in the loop);
     FASTCVT: the weights converted as `moe_gateup`'s."""
     ns = tl.load(nslot_ptr)
     rows = tl.arange(0, BM)
     rmask = rows < W
     cols0 = tl.arange(0, BND)
     kk = tl.arange(0, BLK)
+    # The slots' expert ids read once as a vector (the unpipelined form, and the pipelined one
+    # with IDV): a per-slot load puts one more dependent memory round trip in front of every
+    # slot's weight load.
+    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
+        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
     if DSTG > 0:
+        exs = None
+        sidx = None
+        if IDV:
+            sidx = tl.arange(0, NSP2)
+            exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
         for t in range(pid, H // BND, nprog):
             _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
                                  slot_w_ptr, o_ptr, routed_scale, rows, rmask, cols0, kk, W, BM, H, I, BND, BLK,
-                                 NSLOT, DSTG, FASTCVT, DSTEP)
+                                 NSLOT, DSTG, FASTCVT, DSTEP, exs, sidx)
         return
-    # The slots' expert ids are read once as a vector: a per-slot load would put one more
-    # dependent memory round trip in front of every slot's weight load.
-    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
-        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
     STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
     sidx = tl.arange(0, NSP2)
     exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)

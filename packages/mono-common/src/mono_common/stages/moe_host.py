@@ -47,6 +47,7 @@ class MoePlan:
     down_step: int = 1  # slots an iteration of the pipelined down loop (1 or 2)
     gate_dot: int = 0  # gate_up's MMA form: 0 x @ w^T, 1 swap-AB w @ x^T (bf16), 2 swap-AB e4m3 (span default)
     gate_stages: int = 0  # gate_up's k-loops pipelined this deep with every load (0: Triton's default)
+    down_ids: bool = False  # the pipelined down loop picks the slots' expert ids from registers (moe_down IDV)
 
     @property
     def BM(self) -> int:
@@ -65,7 +66,7 @@ class MoePlan:
     def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int | None = None, bnd: int = 32,  # noqa: E741
              blk: int = 128, ksg: int | None = None, num_warps: int = 4, span: bool = False,
              per: int | None = None, down_stages: int = 0, fastcvt: bool = False, down_step: int = 1,
-             gate_dot: int | None = None, gate_stages: int = 0) -> MoePlan:
+             gate_dot: int | None = None, gate_stages: int = 0, down_ids: bool = False) -> MoePlan:
         """`span`: gate_up as stream-K spans of `per` items (default: the shared expert's and one
         row's top-k items over the grid, as split-K picks its factor), BN 128 unless given;
         else split-K tiles, BN 64 unless given. `down_stages`: down's slot loop pipelined this
@@ -75,12 +76,14 @@ class MoePlan:
             raise ValueError(f"pipelining depths {down_stages}, {gate_stages} must be 0 (off) or more")
         if down_step not in (1, 2) or (down_step == 2 and not down_stages):
             raise ValueError(f"down step {down_step}: 1, or 2 with a pipelined down loop (down_stages > 0)")
+        if down_ids and not down_stages:
+            raise ValueError("down_ids is a form of the pipelined down loop: give down_stages > 0")
         if gate_dot is None:
             gate_dot = 2 if span else 0
         if gate_dot not in ((0, 1, 2) if span else (0, 1)):
             raise ValueError(f"gate_up MMA form {gate_dot}: 0 (x @ w^T), 1 (w @ x^T) or, spans only, 2 (e4m3 w @ x^T)")
         loop = dict(down_stages=down_stages, fastcvt=fastcvt, down_step=down_step, gate_dot=gate_dot,
-                    gate_stages=gate_stages)
+                    gate_stages=gate_stages, down_ids=down_ids)
         if H % blk or H % bnd:
             raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
         if E & (E - 1):
@@ -213,6 +216,7 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
                 W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
                 KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, SPAN=p.span, PER=p.PER,
                 DSTG=p.down_stages, FASTCVT=p.fastcvt, DSTEP=p.down_step, GDOT=p.gate_dot, GSTG=p.gate_stages,
+                IDV=p.down_ids,
                 num_warps=p.num_warps, **opts)
     return bufs["out"]
 

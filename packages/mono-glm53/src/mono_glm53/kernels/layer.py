@@ -53,7 +53,7 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "folded_handoffs", "KNOBS"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "folded_handoffs", "KNOBS", "MEASUREMENT_KWARGS"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -115,8 +115,9 @@ class Plan:
     RP2: int = 2
     ARB: int = 256
     # per ISA (set by GlmLayerKernel and variant_constexprs from `isa_options`): the MoE down
-    # slot loop's pipelining depth, every load pipelined (0: one slot after another), and e4m3
-    # conversions on sm_90's integer and bf16 pipes
+    # slot loop's num_stages (0: one slot after another; with the ids loaded in the loop Triton
+    # keeps one slot's copies in flight whatever the depth: DIDV), and e4m3 conversions on
+    # sm_90's integer and bf16 pipes
     DSTG: int = 0
     FASTCVT: bool = False
     # the q_a/kv_a and q_b/wq_b GEMVs' inputs quantised once by their producers (addnorm,
@@ -155,6 +156,8 @@ class Plan:
     BNG: int = 0
     # latent's MLA cache rows and index keys run in the absorb stage (`latent_late`, a knob)
     LQ: bool = False
+    # down's pipelined slot loop picks the slots' expert ids from registers (`down_id_vector`)
+    DIDV: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -265,6 +268,8 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
     return dataclasses.replace(make_plan(s, width, indexer, nprog, ks_rule), R=world, RP2=rp2, ARB=arb)
 
 
+# GlmLayerKernel's measurement keywords that are its own parameters (an ISA's default when None)
+MEASUREMENT_KWARGS = ("num_stages", "ks_rule", "down_stages", "fast_cvt", "xq_producer")
 # GlmLayerKernel's measurement knobs: keyword -> what it sets (`_with_knobs`)
 KNOBS = {
     "gateup_split": "Plan.KSG, gate_up's split-K (a divisor of the hidden size's K blocks)",
@@ -283,6 +288,7 @@ KNOBS = {
     "gateup_stages": "Plan.GSTG, gate_up's k-loop depth with every load (0: Triton's, MMA operands only)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
     "latent_late": "Plan.LQ, latent's MLA cache rows and index keys run in the absorb stage",
+    "down_id_vector": "Plan.DIDV, down's pipelined slot loop picks the expert ids from registers",
 }
 
 
@@ -363,6 +369,10 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         change["TKF"] = True
     if k.get("latent_late"):
         change["LQ"] = True
+    if k.get("down_id_vector"):
+        if plan.DSTG == 0:
+            errors.append("down_id_vector is a form of down's pipelined slot loop: this build has none (down_stages 0)")
+        change["DIDV"] = True
     if "gateup_bn" in k:
         bn = k["gateup_bn"]
         if bn not in (16, 32, 64, 128) or bn > 2 * s.block:
@@ -1035,7 +1045,8 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     """Plan.DSTG, Plan.FASTCVT and Plan.XQP of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
-    pipelined 3 deep and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
+    as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
+    Plan.DIDV) and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
     fused launch stamps, session 14: down 29.1 -> 22.1 us at 2 rows, 97.4 -> 69.6 us at 8;
     gate_up 35.9 -> 32.4 and 99.4 -> 87.2 us; outputs bit-equal; 4 deep measured no better
     standalone). Not on a TP4 rank (or the whole layer), whose four K blocks a slot in the

@@ -895,14 +895,16 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
-               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
+               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False):
+    # IDV (Plan.DIDV, a measurement knob): down's slot loop picks the slots' expert ids from a
+    # vector loaded once, so no load gates the weights' addresses (`moe.moe_down` IDV)
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
     _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP)
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP, IDV)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
@@ -1078,8 +1080,9 @@ def layer_kernel(
     # mode (SIM: R simulated ranks in one launch, row r of ptab each)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
-    # the MoE down slot loop's pipelining depth, every load (0: one slot after another;
-    # `mono_common.stages.moe._down_tile_pipelined`); FASTCVT: e4m3 weights and index keys
+    # the MoE down slot loop's num_stages (0: one slot after another;
+    # `mono_common.stages.moe._down_tile_pipelined`, whose docstring says what Triton makes of
+    # it); FASTCVT: e4m3 weights and index keys
     # converted to bf16 on sm_90's integer and bf16 pipes (`mono_common.stages.numerics.e4m3_bf16`)
     DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False,
     # down's slots a step (`mono_common.stages.moe.moe_down` STEP; Plan.DSTEP), and the
@@ -1103,6 +1106,8 @@ def layer_kernel(
     # latent runs only what q_b and the index q read next, its MLA cache rows and index keys
     # run in the absorb stage (Plan.LQ, a measurement knob)
     LQ: tl.constexpr = False,
+    # down's slot loop picks the expert ids from registers (Plan.DIDV, a measurement knob)
+    DIDV: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1323,6 +1328,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP)
+                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP, DIDV)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
