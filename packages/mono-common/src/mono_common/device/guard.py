@@ -166,7 +166,7 @@ def fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr,
 
 
 @triton.jit
-def _wrap32(x):
+def wrap32(x):
     """x (an int of any width, or a Python int) as the int32 it is modulo 2**32."""
     return (tl.full([], 0, tl.int64) + x).to(tl.int32)
 
@@ -215,7 +215,7 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
     abort raised, and with FAULT the process is already dying). Every warp of the program
     returns the same value after the same number of polls."""
     lane = tl.arange(0, 2)
-    tgt = _wrap32(target)
+    tgt = wrap32(target)
     # One 2-lane atomic reads the counter and the abort flag together; its result reaches every
     # warp through shared memory, so cur and ab are program values.
     ptrs = tl.where(lane == 0, cnt_ptr, abort_ptr)
@@ -253,7 +253,7 @@ def arrive_flag(cnt_ptr, flag_ptr, target, SYS: tl.constexpr):
     masked spare (a single-lane atomic has hung on gfx950: the module's note)."""
     lane = tl.arange(0, 2)
     first = lane == 0
-    tgt = _wrap32(target)
+    tgt = wrap32(target)
     ones = tl.full([2], 1, tl.int32)
     # every thread's writes of the stage before the one thread's arrival (as `signal`)
     tl.debug_barrier()
@@ -282,7 +282,7 @@ def wait_flag(flag_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, st
     sm_90 and the interpreter only: a volatile load polled in a loop has hung on gfx950."""
     lane = tl.arange(0, 2)
     first = lane == 0
-    tgt = _wrap32(target)
+    tgt = wrap32(target)
     ptrs = tl.where(first, flag_ptr, abort_ptr)
     start = program_now(CLOCK)
     v = tl.load(ptrs, volatile=True)

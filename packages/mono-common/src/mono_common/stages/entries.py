@@ -74,12 +74,8 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
         epoch = epoch_begin(fix_ptr + L * NTF + pid)
     for li in range(L):
         if SPAN:
-            if FIX:
-                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                          FASTCVT, fix_ptr + li * NTF, epoch, SLOTS)
-            else:
-                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                          FASTCVT)
+            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
+                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,

@@ -29,6 +29,7 @@ MMA forms' e4m3 weights on sm_90's integer and bf16 pipes (`numerics.e4m3_bf16`)
 import triton
 import triton.language as tl
 
+from mono_common.device.guard import wrap32
 from mono_common.stages.numerics import dot, dot_fp8, e4m3_bf16, quant_rows
 
 FMT_BF16 = tl.constexpr(0)
@@ -180,7 +181,8 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
         slot = p - (nt * NKB) // PER
         _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
         if KSF > 0:
-            # the spans that touch tile nt: its first K block's span to its last one's
+            # the spans that touch tile nt: its first K block's span to its last one's (the
+            # host's count is `tile_spans`)
             nspan = ((nt + 1) * NKB - 1) // PER - (nt * NKB) // PER + 1
             span_fixup(fix_ptr + nt, epoch * nspan, out_ptr, nt * BN, N, NSTR, W, BN, KSF)
         i = nt * NKB + kb1
@@ -198,7 +200,7 @@ def span_fixup(cnt_ptr, target, out_ptr, col0, N, NSTR: tl.constexpr, W: tl.cons
     hold zero (the buffer's allocation), as for `sum_slots`."""
     lane = tl.arange(0, 2)
     first = lane == 0
-    tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
+    tgt = wrap32(target)
     # every thread's partial stores before the one thread's arrival
     tl.debug_barrier()
     old = tl.atomic_add(cnt_ptr + lane, tl.full([2], 1, tl.int32), mask=first, sem="acq_rel", scope="gpu")
@@ -242,6 +244,13 @@ def span_per(N: int, K: int, BN: int, BLK: int, nprog: int) -> int:
     BN-column tiles, cut into one equal span per program."""
     items = -(-N // BN) * (K // BLK)
     return -(-items // nprog)
+
+
+def tile_spans(tile: int, K: int, BLK: int, PER: int) -> int:
+    """The spans of `gemv_span` that touch column tile `tile` (host-side): what a
+    `span_fixup` counter gains a launch."""
+    nkb = K // BLK
+    return ((tile + 1) * nkb - 1) // PER - (tile * nkb) // PER + 1
 
 
 def span_slots(K: int, BLK: int, PER: int) -> int:

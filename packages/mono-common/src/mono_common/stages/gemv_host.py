@@ -102,7 +102,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
     if barrier:
         bar.zero_()
-    fix = bar
+    fix = None
     if fixup is not None and fixup is not False:
         if not plan.span:
             raise ValueError("fixup sums a stream-K span plan's partials: this plan is split-K")
@@ -121,7 +121,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
         FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
-        fix_ptr=fix, FIX=fix is not bar, num_warps=plan.num_warps, **coop)
+        fix_ptr=fix, FIX=fix is not None, num_warps=plan.num_warps, **coop)
     return out
 
 

@@ -279,9 +279,10 @@ def _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_pt
     of the next iteration (async_wait num 0; 1 of 18 groups at two slots a step). So a slot
     still costs one memory round trip, at DSTG 3 and at 4 alike (the same schedule). With the
     ids picked from registers (exs: loaded once by the caller) no load gates an address, and
-    the next iteration's copies stay in flight (num 9, 18 at two slots a step). The per-slot down_slot loop of session 14 drained its
-    loads before the next slot began: ~29 us for 17 slots at 2 rows (H200 stamps); the id vector
-    with its reduction spilled sm_90 registers at 8 rows in that form."""
+    the next iteration's copies stay in flight (num 9, 18 at two slots a step). The per-slot
+    down_slot loop of session 14 drained its loads before the next slot began: ~29 us for 17
+    slots at 2 rows (H200 stamps); the id vector with its reduction spilled sm_90 registers at
+    8 rows in that form."""
     cols = t * BND + cols0
     cb = (t * BND) // BLK
     shared = tl.zeros([BM, BND], tl.float32)

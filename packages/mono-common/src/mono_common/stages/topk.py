@@ -7,8 +7,9 @@ index order until TOPK are placed (deterministic); a row of n <= TOPK tokens tak
 (`topk_hist`, PASS 0..3) fill a row's four 256-bin histograms at tkh [rows, TKH_ROW] (zeroed
 before the first pass), every TKC-key chunk of every row a tile (integer atomics: any order,
 same sum; `topk_hist_first` runs pass 0 in the stage that produces the scores instead);
-`topk_count` counts each chunk's keys above and equal to the threshold into tkc [rows, nck, 2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide
-hand-off separates the stages. Every program derives the threshold from the complete
+`topk_count` counts each chunk's keys above and equal to the threshold into tkc [rows, nck,
+2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide hand-off
+separates the stages. Every program derives the threshold from the complete
 histograms itself (`tk_prefix`), so no stage publishes it.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """

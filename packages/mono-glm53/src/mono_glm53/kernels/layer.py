@@ -47,7 +47,7 @@ import struct
 import torch
 
 from mono_common.stages.gemv import pick_split_k as _pick_ks
-from mono_common.stages.gemv import span_per, span_slots
+from mono_common.stages.gemv import span_per, span_slots, tile_spans
 from mono_common.triton_knobs import amd_buffer_ops
 from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
@@ -299,6 +299,21 @@ def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     return tuple(s for s, on in ((1, plan.AQ), (6, plan.TKF)) if on)
 
 
+def _fixup_counters(s: GlmLayerShape, plan: Plan, fields=None) -> list[tuple[int, int, int, int, int]]:
+    """(first counter word, words there, N, K, PER) of each stream-K GEMV whose column tiles are
+    fixed up (the Plan fields `fields` of FIX1, FIX3, FIX9; None: those `plan` sets): where its
+    per-tile counters sit in the counter buffer (`stages.FIXW` ...) and what `gemv.tile_spans`
+    counts."""
+    from mono_glm53.kernels.stages import CNT_WORDS, FIXIQ, FIXOP, FIXQB, FIXW
+
+    table = (("FIX1", FIXW, FIXQB, s.qkv_a_out, s.hidden, plan.PER1),
+             ("FIX3", FIXQB, FIXIQ, s.heads_per_rank * s.qk_head, s.q_lora, plan.PER3),
+             ("FIX3", FIXIQ, FIXOP, s.index_heads * s.index_head_dim, s.q_lora, plan.PERQ),
+             ("FIX9", FIXOP, CNT_WORDS, s.hidden, s.heads_per_rank * s.v_head, plan.PER9))
+    return [(base.value, end.value - base.value, n, k, per) for field, base, end, n, k, per in table
+            if (getattr(plan, field) if fields is None else field in fields)]
+
+
 def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
     """gate_up's split-K for `bn`-column tiles: the balanced rule over one row's 1 + top_k slots
     (the plan does not know a step's distinct experts), capped at 6 (`make_plan`)."""
@@ -349,14 +364,12 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         if it & (it - 1) or not 16 <= it <= 256:
             errors.append(f"index_tile {it} is not a power of two in 16..256")
         change["TB"] = int(it)
-    for name, field, tiles, room in (("qkva_fixup", "FIX1", _cdiv(s.qkv_a_out, BNS), 64),
-                                     ("qb_fixup", "FIX3", _cdiv(max(s.heads_per_rank * s.qk_head,
-                                                                    s.index_heads * s.index_head_dim), BNS), 128),
-                                     ("oproj_fixup", "FIX9", _cdiv(s.hidden, BNS), 128)):
+    for name, field in (("qkva_fixup", "FIX1"), ("qb_fixup", "FIX3"), ("oproj_fixup", "FIX9")):
         if k.get(name):
-            if tiles > room:
-                errors.append(f"{name} counts {tiles} column tiles; the counter buffer holds {room}")
             change[field] = True
+            for _, room, n, _, _ in _fixup_counters(s, plan, (field,)):
+                if _cdiv(n, BNS) > room:
+                    errors.append(f"{name} counts {_cdiv(n, BNS)} column tiles; the counter buffer holds {room}")
     # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the norm folded into q_a/kv_a
     # spilled 64 registers (the first pass in the index scores: 236 -> 244 VGPRs, no spills)
     if k.get("norm_in_qkva"):
@@ -684,7 +697,9 @@ class GlmLayerKernel:
         # the stage counters, then (stages.FLAGS, one line on) the hand-off flags of Plan.HF:
         # every reset and wrap sets both, so a flag holds the last published target; then
         # (stages.FIXW, FIXQB, FIXIQ, FIXOP) the column-tile counters of Plan.FIX1, FIX3, FIX9
-        self.cnt = z(512, dtype=i32)
+        from mono_glm53.kernels.stages import CNT_WORDS
+
+        self.cnt = z(CNT_WORDS.value, dtype=i32)
         self.epoch = z(self.nprog, dtype=i32)
         # per-program clock stamps of the fused launch's hand-offs, written only while
         # `self.stamp` is set (kernels.stamps reads them; profiling, not the product path)
@@ -735,19 +750,9 @@ class GlmLayerKernel:
         self.epoch.fill_(wrap(epoch))
         self.cnt.fill_(wrap(epoch * self.nprog))
         # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
-        s, p = self.s, self.plan
-        fixed = []
-        if p.FIX1:
-            fixed.append((64, s.qkv_a_out, s.hidden, p.PER1))
-        if p.FIX3:
-            fixed += [(128, s.heads_per_rank * s.qk_head, s.q_lora, p.PER3),
-                      (256, s.index_heads * s.index_head_dim, s.q_lora, p.PERQ)]
-        if p.FIX9:
-            fixed.append((384, s.hidden, s.heads_per_rank * s.v_head, p.PER9))
-        for base, n, k, per in fixed:
-            nkb = k // s.block
+        for base, _, n, k, per in _fixup_counters(self.s, self.plan):
             for c in range(_cdiv(n, BNS)):
-                self.cnt[base + c] = wrap(epoch * (((c + 1) * nkb - 1) // per - (c * nkb) // per + 1))
+                self.cnt[base + c] = wrap(epoch * tile_spans(c, k, self.s.block, per))
 
     def stop_recorded(self):
         """The error word of a stop this object's guard holds for its rank (a host read of

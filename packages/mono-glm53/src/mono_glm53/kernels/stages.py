@@ -139,6 +139,8 @@ FIXQB = tl.constexpr(128)
 FIXIQ = tl.constexpr(256)
 # o_proj's column-tile counters (Plan.FIX9), 128 words
 FIXOP = tl.constexpr(384)
+# the counter buffer's words (GlmLayerKernel.cnt)
+CNT_WORDS = tl.constexpr(512)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -316,16 +318,24 @@ def _aq_blocks(b, pid, nprog, H: tl.constexpr, NQKV: tl.constexpr, BNS: tl.const
         i0 = pid * PER1
         n = tl.minimum(tl.minimum(i0 + PER1, NT * NKB) - i0, NKB)
         need = need | (((b - i0 % NKB + NKB) % NKB) < n)
+    ip, inp = _index_programs(pid, nprog, P1)
+    if P1 == 0 or ip >= 0:
+        for t in range(ip, T23, inp):
+            need = need | (b // NKS == t % KSI)
+    return need
+
+
+@triton.jit
+def _index_programs(pid, nprog, P1: tl.constexpr):
+    """(ip, inp): program pid's number among the programs that run stage_qkva's index tiles,
+    and their count (P1 > 0: programs P1.., renumbered from 0; ip < 0 below P1)."""
     if P1 == 0:
         ip = pid
         inp = nprog
     else:
         ip = pid - P1
         inp = nprog - P1
-    if ip >= 0:
-        for t in range(ip, T23, inp):
-            need = need | (b // NKS == t % KSI)
-    return need
+    return ip, inp
 
 
 @triton.jit
@@ -387,13 +397,10 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     if P1 == 0 or pid < P1:
         gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
                   PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, fix_ptr=fix_ptr, epoch=epoch, KSF=KS1 if FIX1 else 0)
-    if P1 > 0:
-        # the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
-        if pid >= P1:
-            _qkva_index_tiles(pid - P1, nprog - P1, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W, BM, H, ID, IH,
-                              IDX_FUSED, BN, BLK, KSI, T2, T3, FASTCVT)
-    else:
-        _qkva_index_tiles(pid, nprog, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W, BM, H, ID, IH,
+    # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
+    ip, inp = _index_programs(pid, nprog, P1)
+    if P1 == 0 or ip >= 0:
+        _qkva_index_tiles(ip, inp, hn_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, W, BM, H, ID, IH,
                           IDX_FUSED, BN, BLK, KSI, T2, T3, FASTCVT)
 
 
