@@ -271,39 +271,63 @@ def arrive_flag(cnt_ptr, flag_ptr, target, SYS: tl.constexpr):
 
 
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _peek_flag(ptrs, pick, tgt):
+    """One poll of `wait_flag`: every lane's volatile load (the flag on the `pick` lanes, the
+    abort flag on the others), reduced over the whole program to one value: bit 0 a flag lane
+    saw `tgt`, bit 1 an abort lane saw a raised abort flag."""
+    v = tl.load(ptrs, volatile=True)
+    code = tl.where(pick, (v == tgt).to(tl.int32), (v != 0).to(tl.int32) * 2)
+    return tl.reduce(code, 0, _or), v
+
+
+@triton.jit
 def wait_flag(flag_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
-              NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
+              NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr,
+              LANES: tl.constexpr = 128):
     """Wait until the flag word `arrive_flag` publishes equals `target` (modulo 2**32), with
     `wait_ge`'s deadline, abort flag and one verdict a program. The polls are volatile loads of
     the flag and the abort flag (plain reads: hundreds of waiters do not serialise at the L2);
     they order nothing, so one acquire RMW of the flag follows a seen target (it reads from the
     release exchange or later, and synchronises with it). Equality: the flag holds the previous
     target until this one is published, never more while this program has not arrived again.
-    sm_90 and the interpreter only: a volatile load polled in a loop has hung on gfx950."""
-    lane = tl.arange(0, 2)
-    first = lane == 0
+    sm_90 and the interpreter only: a volatile load polled in a loop has hung on gfx950.
+
+    A load's value is the loading thread's own, so each poll is reduced over LANES lanes (at
+    least the program's threads: 128 at 4 warps) to one program value, as the module's rule
+    asks. Polled on 2 lanes, each warp read the flag itself and left the loop on its own
+    iteration, while the deadline's clock reading (`_waited`) holds a barrier every
+    CLOCK_EVERY polls: warps paired barriers across different code, and the layer kernel with
+    `handoff_flag` hung or faulted on the H200 (session 20)."""
+    lane = tl.arange(0, LANES)
+    pick = (lane % 2) == 0
     tgt = wrap32(target)
-    ptrs = tl.where(first, flag_ptr, abort_ptr)
+    ptrs = tl.where(pick, flag_ptr, abort_ptr)
     start = program_now(CLOCK)
-    v = tl.load(ptrs, volatile=True)
-    cur = tl.sum(tl.where(first, v, 0), 0)
-    ab = tl.sum(tl.where(first, 0, v), 0)
+    seen, v = _peek_flag(ptrs, pick, tgt)
     iters = 0
     waited = tl.full([], 0, tl.int64)
-    while (cur != tgt) & (ab == 0) & (waited < deadline):
-        v = tl.load(ptrs, volatile=True)
-        cur = tl.sum(tl.where(first, v, 0), 0)
-        ab = tl.sum(tl.where(first, 0, v), 0)
+    while (seen == 0) & (waited < deadline):
+        seen, v = _peek_flag(ptrs, pick, tgt)
         iters += 1
         waited = _waited(waited, start, iters, CLOCK)
-    ok = (cur == tgt) & (ab == 0)
+    # bit 0 alone: the target seen and no abort flag raised
+    ok = seen == 1
     if ok:
+        two = tl.arange(0, 2)
         zero = tl.zeros([2], tl.int32)
         if SYS:
-            tl.atomic_add(flag_ptr + lane, zero, mask=first, sem="acquire", scope="sys")
+            tl.atomic_add(flag_ptr + two, zero, mask=two == 0, sem="acquire", scope="sys")
         else:
-            tl.atomic_add(flag_ptr + lane, zero, mask=first, sem="acquire", scope="gpu")
+            tl.atomic_add(flag_ptr + two, zero, mask=two == 0, sem="acquire", scope="gpu")
     else:
+        # program values for the error word: lane 0's flag reading, lane 1's abort flag
+        cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+        ab = tl.sum(tl.where(lane == 1, v, 0), 0)
         fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
              NRANK, FAULT)
     # the threads other than the acquiring one read data the producers wrote: order after it
