@@ -1,9 +1,7 @@
 """GPU (H200) tests of the layer kernel's measurement knobs (`kernels.layer.KNOBS`): each knob set's
-fused launch, where programs really race (flag hand-offs, the fixups' last-arrival sums, the
-index scores' histogram atomics, the folded norm's overlapping stores, latent's work moved into
-the absorb stage), writes the default fused launch's bits: outputs, MLA and index-K caches, over
-three steps in a row, with random per-program stage delays on the last.
-"""
+fused launch, where programs really race (o_proj's last-arrival sums, the index scores'
+histogram atomics), writes the default fused launch's bits: outputs, MLA and index-K caches,
+over three steps in a row, with random per-program stage delays on the last."""
 
 import pytest
 import torch
@@ -12,14 +10,11 @@ import torch
 # and fails them under --require-gpu.
 
 KNOB_SETS = {
-    "handoff_flag": dict(handoff_flag=True),
-    "fixups": dict(qkva_fixup=True, qb_fixup=True, oproj_fixup=True),
-    "folded": dict(norm_in_qkva=True, hist_in_scores=True, latent_late=True),
-    "gateup_forms": dict(gateup_stages=3, gateup_bn=128),
-    "down_id_vector": dict(down_id_vector=True),
-    "mla_index": dict(mla_stages=4, index_tile=128),
-    "all": dict(handoff_flag=True, qkva_fixup=True, qb_fixup=True, oproj_fixup=True, norm_in_qkva=True,
-                hist_in_scores=True, latent_late=True, mla_stages=4, down_id_vector=True),
+    "oproj_fixup": dict(oproj_fixup=True),
+    "hist_in_scores": dict(hist_in_scores=True),
+    "gateup_forms": dict(gateup_bn=128, gateup_dot=1),
+    "splits": dict(qkva_programs=240, index_split=8, index_tile=128, down_step=2),
+    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128),
 }
 _REF = {}
 

@@ -408,7 +408,7 @@ def test_bench_knob_sets_are_checked_and_compared_with_mono_bit_for_bit(capsys):
         bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": 3}'])
     assert "must map each name to an object" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": {"handoff_flag": true}}'])
+        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": {"hist_in_scores": true}}'])
     assert "needs --device cuda" in capsys.readouterr().err
 
 

@@ -54,4 +54,4 @@ def test_a_folded_hand_off_reports_no_hand_off_and_an_empty_stage():
     assert "handoff" not in out["b"] and out["c"]["handoff"] == pytest.approx(0.5)
     plan = make_plan(tiny(), 2, True, 3)
     assert folded_handoffs(plan) == ()
-    assert folded_handoffs(dataclasses.replace(plan, AQ=True, TKF=True)) == (1, 6)
+    assert folded_handoffs(dataclasses.replace(plan, TKF=True)) == (6,)

@@ -116,8 +116,9 @@ class Plan:
     ARB: int = 256
     # per ISA (set by GlmLayerKernel and variant_constexprs from `isa_options`): the MoE down
     # slot loop's num_stages (0: one slot after another; with the ids loaded in the loop Triton
-    # keeps one slot's copies in flight whatever the depth: DIDV), and e4m3 conversions on
-    # sm_90's integer and bf16 pipes
+    # keeps one slot's copies in flight whatever the depth, and reading them once measured no
+    # faster: results README, session 20), and e4m3 conversions on sm_90's integer and bf16
+    # pipes
     DSTG: int = 0
     FASTCVT: bool = False
     # the q_a/kv_a and q_b/wq_b GEMVs' inputs quantised once by their producers (addnorm,
@@ -134,30 +135,13 @@ class Plan:
     # programs 0..P1-1 run q_a/kv_a's spans, P1.. the indexer's wk | weights_proj tiles (0:
     # every program a span and the tiles dealt from program 0): `_qkva_split`
     P1: int = 0
-    # hand-offs whose waiters poll a flag word with loads, one RMW a program (a measurement
-    # knob, `GlmLayerKernel(handoff_flag=True)`; not on gfx950: `stages._sync`)
-    HF: bool = False
-    # the MLA tiles' KVL loops pipelined MLS deep (0: the launch's; `mla_stages`, a knob)
-    MLS: int = 0
-    # q_a/kv_a's column tiles summed by their last span into slot 0 (`qkva_fixup`, a knob)
-    FIX1: bool = False
-    # q_b's and the indexer wq_b's column tiles summed likewise (`qb_fixup`, a knob)
-    FIX3: bool = False
-    # o_proj's column tiles summed likewise (`oproj_fixup`, a knob)
+    # o_proj's column tiles summed by their last span into slot 0 (`oproj_fixup`, a knob)
     FIX9: bool = False
-    # addnorm folded into q_a/kv_a, no stage of its own (`norm_in_qkva`, a knob)
-    AQ: bool = False
     # the top-k's first radix pass folded into the index scores (`hist_in_scores`, a knob)
     TKF: bool = False
-    # gate_up's MMA form, k-loop depth and column tile (0: BN): `gateup_dot`, `gateup_stages`,
-    # `gateup_bn`, knobs
+    # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
-    GSTG: int = 0
     BNG: int = 0
-    # latent's MLA cache rows and index keys run in the absorb stage (`latent_late`, a knob)
-    LQ: bool = False
-    # down's pipelined slot loop picks the slots' expert ids from registers (`down_id_vector`)
-    DIDV: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -276,40 +260,31 @@ KNOBS = {
     "qkva_programs": "Plan.P1, the programs of the q_a/kv_a spans (0: every program; the index tiles on the rest)",
     "index_split": "Plan.KSI, the index wk | weights_proj split-K",
     "down_step": "Plan.DSTEP, down's slots a pipelined step (1 or 2)",
-    "handoff_flag": "Plan.HF, hand-offs polled on a flag word with loads (not on a HIP device)",
-    "mla_stages": "Plan.MLS, the MLA tiles' loop depth (0: the launch's)",
     "index_tile": "Plan.TB, the index scores' tokens a tile (a power of two in 16..256)",
-    "qkva_fixup": "Plan.FIX1, q_a/kv_a's column tiles summed by their last span",
-    "qb_fixup": "Plan.FIX3, q_b's and wq_b's column tiles summed by their last span",
     "oproj_fixup": "Plan.FIX9, o_proj's column tiles summed by their last span",
-    "norm_in_qkva": "Plan.AQ, addnorm folded into q_a/kv_a: no stage or hand-off of its own",
     "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores",
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
-    "gateup_stages": "Plan.GSTG, gate_up's k-loop depth with every load (0: Triton's, MMA operands only)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
-    "latent_late": "Plan.LQ, latent's MLA cache rows and index keys run in the absorb stage",
-    "down_id_vector": "Plan.DIDV, down's pipelined slot loop picks the expert ids from registers",
 }
+# Knobs timed on the H200 and removed, none faster than the default (results README, session
+# 20; their code is on branch wip/s19-stages): handoff_flag, mla_stages, qkva_fixup, qb_fixup,
+# norm_in_qkva, gateup_stages, latent_late, down_id_vector
 
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     """The hand-offs a launch of `plan` does not run, the stages either side of each being one
-    (Plan.AQ: addnorm's work in q_a/kv_a's stage, hand-off 1; Plan.TKF: the first radix pass in
-    the index scores' stage, hand-off 6); the emptied stage's stamps span ~0."""
-    return tuple(s for s, on in ((1, plan.AQ), (6, plan.TKF)) if on)
+    (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6); the emptied
+    stage's stamps span ~0."""
+    return (6,) if plan.TKF else ()
 
 
 def _fixup_counters(s: GlmLayerShape, plan: Plan, fields=None) -> list[tuple[int, int, int, int, int]]:
     """(first counter word, words there, N, K, PER) of each stream-K GEMV whose column tiles are
-    fixed up (the Plan fields `fields` of FIX1, FIX3, FIX9; None: those `plan` sets): where its
-    per-tile counters sit in the counter buffer (`stages.FIXW` ...) and what `gemv.tile_spans`
-    counts."""
-    from mono_glm53.kernels.stages import CNT_WORDS, FIXIQ, FIXOP, FIXQB, FIXW
+    fixed up (the Plan fields `fields` of FIX9; None: those `plan` sets): where its per-tile
+    counters sit in the counter buffer (`stages.FIXOP`) and what `gemv.tile_spans` counts."""
+    from mono_glm53.kernels.stages import CNT_WORDS, FIXOP
 
-    table = (("FIX1", FIXW, FIXQB, s.qkv_a_out, s.hidden, plan.PER1),
-             ("FIX3", FIXQB, FIXIQ, s.heads_per_rank * s.qk_head, s.q_lora, plan.PER3),
-             ("FIX3", FIXIQ, FIXOP, s.index_heads * s.index_head_dim, s.q_lora, plan.PERQ),
-             ("FIX9", FIXOP, CNT_WORDS, s.hidden, s.heads_per_rank * s.v_head, plan.PER9))
+    table = (("FIX9", FIXOP, CNT_WORDS, s.hidden, s.heads_per_rank * s.v_head, plan.PER9),)
     return [(base.value, end.value - base.value, n, k, per) for field, base, end, n, k, per in table
             if (getattr(plan, field) if fields is None else field in fields)]
 
@@ -321,7 +296,7 @@ def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
                     rule="balanced")
 
 
-def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
+def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object]) -> Plan:
     """`plan` with GlmLayerKernel's measurement knobs (`KNOBS`; a None value: the plan's);
     every unknown knob and out-of-range value refused at once, each with what is allowed."""
     kb = s.hidden // s.block
@@ -333,9 +308,7 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
     # the knobs that take one of a few integers
     for name, field, allowed, what in (
             ("down_step", "DSTEP", (1, 2), "1 or 2"),
-            ("mla_stages", "MLS", range(9), "0 (the launch's depth) or 1..8"),
-            ("gateup_dot", "GDOT", (0, 1), "0 or 1 (the e4m3 MMA form sums off SGLang's)"),
-            ("gateup_stages", "GSTG", range(7), "0 (Triton's) or 1..6")):
+            ("gateup_dot", "GDOT", (0, 1), "0 or 1 (the e4m3 MMA form sums off SGLang's)")):
         if name in k:
             if k[name] not in allowed:
                 errors.append(f"{name} {k[name]} is not {what}")
@@ -355,37 +328,21 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         else:
             per1 = span_per(s.qkv_a_out, s.hidden, BNS, s.block, qp or nprog)
             change.update(P1=int(qp), PER1=per1, KS1=span_slots(s.hidden, s.block, per1))
-    if k.get("handoff_flag"):
-        if hip:
-            errors.append("handoff_flag polls with volatile loads, which have hung on gfx950: build without it")
-        change["HF"] = True
     if "index_tile" in k:
         it = k["index_tile"]
         if it & (it - 1) or not 16 <= it <= 256:
             errors.append(f"index_tile {it} is not a power of two in 16..256")
         change["TB"] = int(it)
-    for name, field in (("qkva_fixup", "FIX1"), ("qb_fixup", "FIX3"), ("oproj_fixup", "FIX9")):
+    for name, field in (("oproj_fixup", "FIX9"),):
         if k.get(name):
             change[field] = True
             for _, room, n, _, _ in _fixup_counters(s, plan, (field,)):
                 if _cdiv(n, BNS) > room:
                     errors.append(f"{name} counts {_cdiv(n, BNS)} column tiles; the counter buffer holds {room}")
-    # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the norm folded into q_a/kv_a
-    # spilled 64 registers (the first pass in the index scores: 236 -> 244 VGPRs, no spills)
-    if k.get("norm_in_qkva"):
-        if s.hidden // plan.HB > 4:
-            errors.append(f"norm_in_qkva norms whole rows of at most 4 x {plan.HB} values, not {s.hidden}")
-        if hip:
-            errors.append("norm_in_qkva spills on gfx950: build without it")
-        change["AQ"] = True
+    # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the first pass in the index
+    # scores takes 236 -> 244 VGPRs, no spills
     if k.get("hist_in_scores"):
         change["TKF"] = True
-    if k.get("latent_late"):
-        change["LQ"] = True
-    if k.get("down_id_vector"):
-        if plan.DSTG == 0:
-            errors.append("down_id_vector is a form of down's pipelined slot loop: this build has none (down_stages 0)")
-        change["DIDV"] = True
     if "gateup_bn" in k:
         bn = k["gateup_bn"]
         if bn not in (16, 32, 64, 128) or bn > 2 * s.block:
@@ -608,7 +565,7 @@ class GlmLayerKernel:
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
                                    FASTCVT=fcvt, XQP=xqp)
-        self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
+        self.plan = _with_knobs(plan, s, self.nprog, knobs)
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan
@@ -694,9 +651,8 @@ class GlmLayerKernel:
         # and staged launches bump both alike, so they can be mixed step by step. int32, compared
         # modulo 2**32 (exact at any launch count: mono_common.device.epochs); tests run
         # launches across the point where the targets epoch * nprog pass 2**31
-        # the stage counters, then (stages.FLAGS, one line on) the hand-off flags of Plan.HF:
-        # every reset and wrap sets both, so a flag holds the last published target; then
-        # (stages.FIXW, FIXQB, FIXIQ, FIXOP) the column-tile counters of Plan.FIX1, FIX3, FIX9
+        # the stage counters, then (stages.FIXOP, two lines on) the column-tile counters of
+        # Plan.FIX9
         from mono_glm53.kernels.stages import CNT_WORDS
 
         self.cnt = z(CNT_WORDS.value, dtype=i32)
@@ -1051,7 +1007,7 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
-    Plan.DIDV) and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
+    Plan.DSTG) and the e4m3 conversions on the integer and bf16 pipes (H200, TP8 shard,
     fused launch stamps, session 14: down 29.1 -> 22.1 us at 2 rows, 97.4 -> 69.6 us at 8;
     gate_up 35.9 -> 32.4 and 99.4 -> 87.2 us; outputs bit-equal; 4 deep measured no better
     standalone). Not on a TP4 rank (or the whole layer), whose four K blocks a slot in the

@@ -76,7 +76,7 @@ import triton.language as tl
 
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
-from mono_common.device.guard import arrive_flag, signal, wait_flag, wait_ge
+from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
@@ -129,18 +129,11 @@ STAMP_W = tl.constexpr(2 * NSTAGES + 2)
 # The counter of the hand-off inside POSTNORM (all-reduce point 1, R > 1): past the stage
 # hand-offs' counters 0..NSTAGES-2.
 STAGE_AR1 = tl.constexpr(NSTAGES - 1)
-# The stages' hand-off flags (Plan.HF): int32 words from here in the counter buffer, one line
-# past the counters (whose line every arrival RMWs)
-FLAGS = tl.constexpr(32)
-# q_a/kv_a's per-column-tile arrival counters (Plan.FIX1), from here in the counter buffer
-FIXW = tl.constexpr(64)
-# q_b's and the indexer wq_b's column-tile counters (Plan.FIX3), 128 words each
-FIXQB = tl.constexpr(128)
-FIXIQ = tl.constexpr(256)
-# o_proj's column-tile counters (Plan.FIX9), 128 words
-FIXOP = tl.constexpr(384)
+# o_proj's column-tile counters (Plan.FIX9), 128 words from here in the counter buffer, two
+# lines past the stage counters (whose line every arrival RMWs)
+FIXOP = tl.constexpr(64)
 # the counter buffer's words (GlmLayerKernel.cnt)
-CNT_WORDS = tl.constexpr(512)
+CNT_WORDS = tl.constexpr(192)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -249,25 +242,21 @@ def _addnorm_hn(r, w, eps, H: tl.constexpr):
 
 
 @triton.jit
-def _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm, need, gsel,
+def _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm,
                    H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
-    """Row m's resid1 and hn (XQP: hn quantised per BLK group too, hnq / hns) where `need`
-    ([4, HB], within cm) and `gsel` (the groups of the flattened tile; None: every group of the
-    row) say, from the whole row."""
+    """Row m's resid1 and hn (XQP: hn quantised per BLK group too, hnq / hns), the row as
+    `_row_as_4_chunks`' [4, HB] tile (off, cm)."""
     r, w = _addnorm_row(x_ptr, res_ptr, w_in_ptr, m, off, cm, H)
-    tl.store(resid1_ptr + m * H + off, _rbf(r), mask=need)
+    tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
     hn = _addnorm_hn(r, w, eps, H)
-    tl.store(hn_ptr + m * H + off, _rbf(hn), mask=need)
+    tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
     if XQP:
         # the chunk rows are consecutive in the row, so the flattened tile's BLK groups are the
         # row's (the masked chunk rows' groups past H // BLK are not stored)
         q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK)
-        tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(need, [4 * HB]))
+        tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
         g = tl.arange(0, 4 * HB // BLK)
-        if gsel is None:
-            tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
-        else:
-            tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=(g < H // BLK) & gsel)
+        tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
 
 
 @triton.jit
@@ -283,7 +272,7 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
         # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
         off, cm = _row_as_4_chunks(H, HB)
         for m in range(pid, W, nprog):
-            _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm, cm, None,
+            _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm,
                            H, HB, BLK, XQP)
     else:
         # two passes over the chunks, the sum recomputed in the second
@@ -306,26 +295,6 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
 
 
 @triton.jit
-def _aq_blocks(b, pid, nprog, H: tl.constexpr, NQKV: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
-               PER1: tl.constexpr, P1: tl.constexpr, KSI: tl.constexpr, T23: tl.constexpr):
-    """Which of the K blocks b (an int tensor of block numbers) program pid's stage_qkva work
-    reads: the K blocks of its q_a/kv_a span's items and of its index tiles' K slices."""
-    NKB: tl.constexpr = H // BLK
-    NKS: tl.constexpr = NKB // KSI
-    NT: tl.constexpr = (NQKV + BNS - 1) // BNS
-    need = b < 0
-    if P1 == 0 or pid < P1:
-        i0 = pid * PER1
-        n = tl.minimum(tl.minimum(i0 + PER1, NT * NKB) - i0, NKB)
-        need = need | (((b - i0 % NKB + NKB) % NKB) < n)
-    ip, inp = _index_programs(pid, nprog, P1)
-    if P1 == 0 or ip >= 0:
-        for t in range(ip, T23, inp):
-            need = need | (b // NKS == t % KSI)
-    return need
-
-
-@triton.jit
 def _index_programs(pid, nprog, P1: tl.constexpr):
     """(ip, inp): program pid's number among the programs that run stage_qkva's index tiles,
     and their count (P1 > 0: programs P1.., renumbered from 0; ip < 0 below P1)."""
@@ -339,41 +308,12 @@ def _index_programs(pid, nprog, P1: tl.constexpr):
 
 
 @triton.jit
-def _addnorm_for_qkva(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
-                      W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
-                      NQKV: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr, P1: tl.constexpr,
-                      KSI: tl.constexpr, T23: tl.constexpr):
-    """Plan.AQ (a measurement knob): stage_addnorm folded into stage_qkva, with no hand-off
-    between them. Every program norms every row (the norm needs whole rows: W * 24 KB of x and
-    res at GLM-5.3's hidden size, read from the L2) and stores the bits stage_addnorm stores
-    (`_addnorm_store`) for the K blocks its own q_a/kv_a span and index tiles read
-    (`_aq_blocks`); programs whose blocks overlap store the same values. resid1 is whole once
-    every program has stored its blocks: the spans read every K block. The stores are read
-    back by other threads of the same program, after the barrier at the end."""
-    off, cm = _row_as_4_chunks(H, HB)
-    need = cm & _aq_blocks(off // BLK, pid, nprog, H, NQKV, BNS, BLK, PER1, P1, KSI, T23)
-    gsel = _aq_blocks(tl.arange(0, 4 * HB // BLK), pid, nprog, H, NQKV, BNS, BLK, PER1, P1, KSI, T23)
-    for m in range(W):
-        _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm, need, gsel,
-                       H, HB, BLK, XQP)
-    tl.debug_barrier()
-
-
-@triton.jit
 def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr, wwp_ptr, ikw_ptr, hnq_ptr, hns_ptr,
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, NQKV: tl.constexpr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0,
-               fix_ptr=None, epoch=0, FIX1: tl.constexpr = False,
-               x_ptr=None, res_ptr=None, resid1_ptr=None, w_in_ptr=None, eps=0.0, HB: tl.constexpr = 0,
-               AQ: tl.constexpr = False):
-    # AQ (Plan.AQ, a measurement knob): stage_addnorm's work done here first, each program for
-    # the K blocks it reads (`_addnorm_for_qkva`), and no hand-off before this stage.
-    # FIX1 (Plan.FIX1, a measurement knob): each q_a/kv_a column tile's last span sums its KS1
-    # partial slots into slot 0 (`gemv.span_fixup`, counters at fix_ptr), so latent reads one
-    # slot, not KS1 (its 7.4 us chain at 1 row was mostly those sums: H200 stamps, session 18).
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0):
     # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
     # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
@@ -387,16 +327,13 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     else:
         T2: tl.constexpr = 0
         T3: tl.constexpr = 0
-    if AQ:
-        _addnorm_for_qkva(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
-                          W, H, HB, BLK, XQP, NQKV, BNS, PER1, P1, KSI, T2 + T3)
     # q_a/kv_a (16 MB at GLM-5.3's shape): one stream-K span a program, every program the same
     # bytes (KS1 partial slots). One loop per indexer GEMV after it: what each hoists out of
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
     if P1 == 0 or pid < P1:
         gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
-                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, fix_ptr=fix_ptr, epoch=epoch, KSF=KS1 if FIX1 else 0)
+                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
     # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
     ip, inp = _index_programs(pid, nprog, P1)
     if P1 == 0 or ip >= 0:
@@ -427,15 +364,11 @@ def stage_latent(pid, nprog, row,
                  NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
                  KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
-                 LQ: tl.constexpr = False):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
     # GS: the split partials' loads in flight at once in the narrow sums (`sum_slots` GROUP; 0
     # on gfx950, whose SGPRs they spilled). Three small parts per row (tiles t = part * W + m), each its own loop loading its own
     # pointers from the table: one loop over every part keeps what each part hoists (pointers,
     # lane offsets) live through all of them, past gfx950's scalar registers.
-    # LQ (Plan.LQ, a measurement knob): only what q_b and the index q need next (qn, the index
-    # head weights); the MLA cache row and the index key run in the absorb stage
-    # (`stage_latent_late`): they are read from the index scores on
     for t in range(_first_tile(pid, nprog, 0), W, nprog):
         m = t
         qkva_ptr = _p(row, P.QKVA, tl.float32)
@@ -449,32 +382,11 @@ def stage_latent(pid, nprog, row,
             qq, qs = _quant_blocks(_bf16(qn), QL, BLK)
             tl.store(_p(row, P.QNQ, tl.bfloat16) + m * QL + tl.arange(0, QL), qq)
             tl.store(_p(row, P.QNS, tl.float32) + m * (QL // BLK) + tl.arange(0, QL // BLK), qs)
-    if not LQ:
-        for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
-            _latent_kv(row, t - W, W, QL, KVL, RD, NQKV, KS1, MLA_NEOX, GS)
+    for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
+        _latent_kv(row, t - W, W, QL, KVL, RD, NQKV, KS1, MLA_NEOX, GS)
     if INDEXER:
         for t in range(_first_tile(pid, nprog, 2 * W), 3 * W, nprog):
-            if LQ:
-                _latent_wts(row, _p(row, P.IKW, tl.float32), t - 2 * W, W, ID, IH, KSI, IDX_FUSED, GS)
-            else:
-                _latent_index_k(row, t - 2 * W, W, RD, ID, IH, PG, KSI, IDX_FUSED, HADAMARD, IDX_NEOX, GS, True)
-
-
-@triton.jit
-def stage_latent_late(p, nprog, row,
-                      W: tl.constexpr, QL: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
-                      NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
-                      KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
-                      IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                      IDX_NEOX: tl.constexpr, GS: tl.constexpr):
-    """Plan.LQ: stage_latent's MLA cache rows and index keys, run beside the absorb stage's
-    tiles (the caller passes p counted from the last program down, whose absorb tiles are
-    the fewest): one row's part a tile, the cache rows first."""
-    for t in range(p, W, nprog):
-        _latent_kv(row, t, W, QL, KVL, RD, NQKV, KS1, MLA_NEOX, GS)
-    if INDEXER:
-        for t in range(_first_tile(p, nprog, W), 2 * W, nprog):
-            _latent_index_k(row, t - W, W, RD, ID, IH, PG, KSI, IDX_FUSED, HADAMARD, IDX_NEOX, GS, False)
+            _latent_index_k(row, t - 2 * W, W, RD, ID, IH, PG, KSI, IDX_FUSED, HADAMARD, IDX_NEOX, GS)
 
 
 @triton.jit
@@ -515,9 +427,9 @@ def _latent_wts(row, ikw_ptr, m, W: tl.constexpr, ID: tl.constexpr, IH: tl.const
 @triton.jit
 def _latent_index_k(row, m, W: tl.constexpr, RD: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr,
                     PG: tl.constexpr, KSI: tl.constexpr, IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr,
-                    IDX_NEOX: tl.constexpr, GS: tl.constexpr, WTS: tl.constexpr):
-    """Row m's index key: LayerNorm + RoPE (+ Hadamard) + FP8 into the paged index-K cache;
-    WTS: its head weights too (`_latent_wts`), after the key's sums are requested."""
+                    IDX_NEOX: tl.constexpr, GS: tl.constexpr):
+    """Row m's index key: LayerNorm + RoPE (+ Hadamard) + FP8 into the paged index-K cache,
+    and its head weights (`_latent_wts`), after the key's sums are requested."""
     NIKW: tl.constexpr = ID + IH
     ikw_ptr = _p(row, P.IKW, tl.float32)
     rope_ptr = _p(row, P.ROPE, tl.float32)
@@ -526,8 +438,7 @@ def _latent_index_k(row, m, W: tl.constexpr, RD: tl.constexpr, ID: tl.constexpr,
     d = tl.arange(0, ID)
     rj = tl.arange(0, RD)
     k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID, GS))
-    if WTS:
-        _latent_wts(row, ikw_ptr, m, W, ID, IH, KSI, IDX_FUSED, GS)
+    _latent_wts(row, ikw_ptr, m, W, ID, IH, KSI, IDX_FUSED, GS)
     # LayerNorm with fp32 weight and bias
     mu = tl.sum(k, 0) / ID
     dk = k - mu
@@ -565,18 +476,14 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             cnt_ptr=None, epoch=0, KS3: tl.constexpr = 0, KSQ: tl.constexpr = 0, FIX3: tl.constexpr = False,
              tkh_ptr=None, TKF: tl.constexpr = False):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's). FIX3 (Plan.FIX3, a
-    # measurement knob): each column tile's last span sums its KS3 / KSQ slots into slot 0
-    # (`gemv.span_fixup`), so absorb reads one slot (its 8.2 us chain at 1 row summed 16 q_b
-    # slots per W_UK tile: H200 stamps, session 18)
+    # holds the quantised values and qns_ptr their scales (stage_latent's)
     gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr, XQP,
-              DOT=DOTF, fix_ptr=cnt_ptr + FIXQB, epoch=epoch, KSF=KS3 if FIX3 else 0)
+              DOT=DOTF)
     if INDEXER:
         gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                  qns_ptr, XQP, DOT=DOTF, fix_ptr=cnt_ptr + FIXIQ, epoch=epoch, KSF=KSQ if FIX3 else 0)
+                  qns_ptr, XQP, DOT=DOTF)
         if TKF:
             # the top-k histograms zeroed here, not by the index scores, which add to them
             # (Plan.TKF), dealt from the last program down
@@ -873,9 +780,9 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
                  BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr,
-                 FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
-    # GDOT, GSTG (Plan.GDOT, GSTG; BN is Plan.BNG when set): gate_up's MMA form and k-loop
-    # depth with every load (`moe_gateup`), measurement knobs
+                 FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0):
+    # GDOT (Plan.GDOT; BN is Plan.BNG when set): gate_up's MMA form (`moe_gateup`), a
+    # measurement knob
     # every program routes (the same bits everywhere), so no extra hand-off is needed
     WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
     # Pad rows route to no expert: their cache slot is -1 (`GlmLayerKernel.set_inputs`) or
@@ -891,7 +798,7 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     # (requesting their gate_up rows first too made gate_up slower: 40 against 34 us at 2 rows,
     # H200 stamps, session 12: its tiles wait on their own loads either way)
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
-                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT, GSTG=GSTG)
+                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT)
     _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
@@ -902,16 +809,14 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
-               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False):
-    # IDV (Plan.DIDV, a measurement knob): down's slot loop picks the slots' expert ids from a
-    # vector loaded once, so no load gates the weights' addresses (`moe.moe_down` IDV)
+               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
     _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP, IDV)
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
@@ -934,8 +839,7 @@ def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
 
 @triton.jit
 def _sync(row, s: tl.constexpr, epoch, nprog, pid,
-          WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-          HF: tl.constexpr = False):
+          WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
@@ -944,9 +848,7 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
     Returns ok (False: the error word is written, stop). delay > 0 spins a pseudo-random
     0..delay ticks first (runtime, so the delay-injection test runs the product's binary).
     stall == s: program 0 stops here without signalling (the injected wait fault of
-    MONO_GLM53_FAULT): every other program's wait on this hand-off must expire. HF (Plan.HF, a
-    measurement knob; not on gfx950): the arrival is `guard.arrive_flag`'s, and the wait polls
-    the stage's flag word with loads (`guard.wait_flag`), not its counter with RMWs."""
+    MONO_GLM53_FAULT): every other program's wait on this hand-off must expire."""
     # sm_90: the table words the hand-off reads are loaded first, before any branch on one of
     # them: the loads are independent, so they cost one memory latency together, not one each
     # (read one by one, each behind the branch on the one before, ~2 us a hand-off). gfx950
@@ -973,17 +875,10 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
             _delay(pid, epoch, s, delay, CLOCK)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s, now(CLOCK))
-        if HF:
-            last = arrive_flag(cnt_ptr + (s - 1), cnt_ptr + FLAGS + (s - 1), epoch * nprog, False)
-            if WAIT:
-                if last == 0:  # the last arrival published the flag: nothing to wait for
-                    ok = wait_flag(cnt_ptr + FLAGS + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank,
-                                   pid, s, deadline, NRANK, CLOCK, FAULT, False)
-        else:
-            signal(cnt_ptr + (s - 1), 1, False)
-            if WAIT:
-                ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                             s, deadline, NRANK, CLOCK, FAULT, False)
+        signal(cnt_ptr + (s - 1), 1, False)
+        if WAIT:
+            ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                         s, deadline, NRANK, CLOCK, FAULT, False)
         if WAIT:
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
@@ -992,7 +887,7 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
 
 @triton.jit
 def _skip(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
-    """Hand-off s where the stages either side of it are one (`layer.folded_handoffs`: Plan.AQ,
+    """Hand-off s where the stages either side of it are one (`layer.folded_handoffs`:
     Plan.TKF): no counter, no wait. A fused launch writes both its stamps with one clock
     reading (the emptied stage's span reads ~0; `stamps.summarize` reports no hand-off here).
     stall == s (the injected wait fault) stops program 0 here: the next hand-off's waits
@@ -1043,8 +938,7 @@ def _sync_lazy(row, s: tl.constexpr, epoch, nprog, pid,
 @triton.jit
 def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
                FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, HF: tl.constexpr = False,
-               TKF: tl.constexpr = False):
+               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr = False):
     """Stage s of 6..9 when in FIRST..LAST: the hand-off into it, then radix pass s - 6 (TKF:
     pass 0 ran in the index scores, stage 6 is empty and has no hand-off)."""
     if FIRST <= s and LAST >= s and TKF and s == 6:
@@ -1052,7 +946,7 @@ def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.const
             ok = _skip(row, s, pid, FUSED and FIRST < s, CLOCK)
     elif FIRST <= s and LAST >= s:
         if ok:
-            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT, HF)
+            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT)
         if ok:
             stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                          _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6)
@@ -1095,26 +989,11 @@ def layer_kernel(
     # down's slots a step (`mono_common.stages.moe.moe_down` STEP; Plan.DSTEP), and the
     # programs that run q_a/kv_a's spans (Plan.P1; 0: all, the index tiles dealt over all)
     DSTEP: tl.constexpr = 1, P1: tl.constexpr = 0,
-    # hand-offs whose waiters poll a flag word with loads (Plan.HF, a measurement knob)
-    HF: tl.constexpr = False,
-    # the MLA tiles' loops pipelined MLS deep (0: the launch's depth; a measurement knob)
-    MLS: tl.constexpr = 0,
-    # q_a/kv_a's column tiles summed by their last span (Plan.FIX1, a measurement knob)
-    FIX1: tl.constexpr = False,
-    # q_b's and wq_b's column tiles summed by their last span (Plan.FIX3, a measurement knob)
-    FIX3: tl.constexpr = False,
     # o_proj's column tiles summed by their last span (Plan.FIX9, a measurement knob)
     FIX9: tl.constexpr = False,
-    # addnorm folded into q_a/kv_a (Plan.AQ), the top-k's first radix pass into the index
-    # scores (Plan.TKF), gate_up's MMA form, k-loop depth and column tile (Plan.GDOT, GSTG,
-    # BNG: 0 the default BN): measurement knobs
-    AQ: tl.constexpr = False, TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0,
-    BNG: tl.constexpr = 0,
-    # latent runs only what q_b and the index q read next, its MLA cache rows and index keys
-    # run in the absorb stage (Plan.LQ, a measurement knob)
-    LQ: tl.constexpr = False,
-    # down's slot loop picks the expert ids from registers (Plan.DIDV, a measurement knob)
-    DIDV: tl.constexpr = False,
+    # the top-k's first radix pass in the index scores (Plan.TKF), gate_up's MMA form and
+    # column tile (Plan.GDOT, BNG: 0 the default BN): measurement knobs
+    TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1162,26 +1041,17 @@ def layer_kernel(
             else:
                 _prefetch(pid, nprog, _p(row, P.WK, u8), ID * H, PF)
                 _prefetch(pid, nprog, _p(row, P.WWP, bf16), IH * H * 2, PF)
-    if FIRST <= 0 and LAST >= 0 and not AQ:
+    if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP)
     if FIRST <= 1 and LAST >= 1:
-        if AQ:
-            ok = _skip(row, 1, pid, FUSED and FIRST < 1, CLOCK)
-        else:
-            ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R,
-                       CLOCK, FAULT, HF)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT)
         if ok:
-            # AQ: the addnorm's pointers too (no table loads without it)
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
-                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1,
-                       _p(row, P.CNT, i32) + FIXW, epoch, FIX1,
-                       _p(row, P.X, bf16) if AQ else None, _p(row, P.RES, bf16) if AQ else None,
-                       _p(row, P.RESID1, bf16) if AQ else None, _p(row, P.W_IN, bf16) if AQ else None,
-                       _sf(row, P.EPS) if AQ else 0.0, HB, AQ)
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -1189,34 +1059,31 @@ def layer_kernel(
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
-                         1 if FIX1 else KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, LQ)
+                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.CNT, i32), epoch, KS3, KSQ, FIX3, _p(row, P.TKH, i32) if TKF else None, TKF)
+                     _p(row, P.TKH, i32) if TKF else None, TKF)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
-                         W, BM, NH, NOPE, RD, KVL, IH, ID, 1 if FIX3 else KS3, 1 if FIX3 else KSQ, INDEXER, IDX_FUSED,
+                         W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
                          HADAMARD,
                          MLA_NEOX, IDX_NEOX, GS)
-            if LQ:
-                stage_latent_late(nprog - 1 - pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
-                                  1 if FIX1 else KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS)
     if FUSED and FIRST == 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
@@ -1227,7 +1094,7 @@ def layer_kernel(
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
@@ -1237,25 +1104,25 @@ def layer_kernel(
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     for s in tl.static_range(6, 10):
         ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                        HF, TKF)
+                        TKF)
     if FIRST <= 10 and LAST >= 10:
         if ok:
             ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
                           _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
     if FIRST <= 11 and LAST >= 11:
         if ok:
             ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
                           _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             # an indexer layer attends over its own top-k, a non-indexer layer over the last
             # indexer layer's (prev_topk)
@@ -1265,25 +1132,25 @@ def layer_kernel(
                 sel_ptr = _p(row, P.PREV_TOPK, i32)
             stage_mla(pid, nprog, _p(row, P.QABS, f32), _p(row, P.KV_CACHE, bf16), sel_ptr,
                       _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT), _p(row, P.PART, f32),
-                      _p(row, P.ML, f32), _sf(row, P.SM_SCALE), W, NH, KVL, RD, TOPK, CT, HG, MLS)
+                      _p(row, P.ML, f32), _sf(row, P.SM_SCALE), W, NH, KVL, RD, TOPK, CT, HG)
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
     if FIRST <= 14 and LAST >= 14:
         if ok:
             ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
@@ -1291,7 +1158,7 @@ def layer_kernel(
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
                                 _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
@@ -1302,32 +1169,32 @@ def layer_kernel(
     if FIRST <= 17 and LAST >= 17:
         if ok:
             ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                          _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR)
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
                          W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, FASTCVT,
-                         GDOT, GSTG)
+                         GDOT)
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
                        _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK)
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
-                       CLOCK, FAULT, HF)
+                       CLOCK, FAULT)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
@@ -1335,6 +1202,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP, DIDV)
+                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
