@@ -14,7 +14,8 @@ KNOB_SETS = {
     "hist_in_scores": dict(hist_in_scores=True),
     "gateup_forms": dict(gateup_bn=128, gateup_dot=1),
     "splits": dict(qkva_programs=240, index_split=8, index_tile=128, down_step=2),
-    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128),
+    "weights_before_wait": dict(weights_before_wait=True),
+    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128, weights_before_wait=True),
 }
 _REF = {}
 

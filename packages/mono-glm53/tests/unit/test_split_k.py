@@ -101,3 +101,17 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
     assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False}
+
+
+def test_knobs_that_do_not_build_for_gfx950_are_refused_there_with_the_rest():
+    """weights_before_wait spills on gfx950 (4 registers, Triton 3.8): refused on a HIP device,
+    beside every other bad knob, and kept elsewhere."""
+    from mono_glm53.kernels.layer import _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert _with_knobs(plan, s, 264, {"weights_before_wait": True}).WBW
+    assert not plan.WBW
+    with pytest.raises(ValueError, match=r"unknown knobs \['mla_stages'\] .known: .*\); down_step 3 is not 1 or 2; "
+                                         r"weights_before_wait spills on gfx950: build without it"):
+        _with_knobs(plan, s, 264, {"weights_before_wait": True, "down_step": 3, "mla_stages": 4}, hip=True)

@@ -142,6 +142,9 @@ class Plan:
     # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
     BNG: int = 0
+    # the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before the hand-offs into
+    # their stages (`weights_before_wait`, a knob)
+    WBW: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -265,6 +268,8 @@ KNOBS = {
     "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores",
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
+    "weights_before_wait": "Plan.WBW, the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before "
+                           "the hand-offs into their stages",
 }
 # Knobs timed on the H200 and removed, none faster than the default (results README, session
 # 20; their code is on branch wip/s19-stages): handoff_flag, mla_stages, qkva_fixup, qb_fixup,
@@ -296,7 +301,7 @@ def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
                     rule="balanced")
 
 
-def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object]) -> Plan:
+def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
     """`plan` with GlmLayerKernel's measurement knobs (`KNOBS`; a None value: the plan's);
     every unknown knob and out-of-range value refused at once, each with what is allowed."""
     kb = s.hidden // s.block
@@ -343,6 +348,12 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
     # scores takes 236 -> 244 VGPRs, no spills
     if k.get("hist_in_scores"):
         change["TKF"] = True
+    # gfx950 (Triton 3.8 compile checks, TP8 rank, session 20): 271 VGPRs and 4 spilled with
+    # the three 16 KB blocks held across the hand-offs; sm_90 255 registers, no spills
+    if k.get("weights_before_wait"):
+        if hip:
+            errors.append("weights_before_wait spills on gfx950: build without it")
+        change["WBW"] = True
     if "gateup_bn" in k:
         bn = k["gateup_bn"]
         if bn not in (16, 32, 64, 128) or bn > 2 * s.block:
@@ -565,7 +576,7 @@ class GlmLayerKernel:
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
                                    FASTCVT=fcvt, XQP=xqp)
-        self.plan = _with_knobs(plan, s, self.nprog, knobs)
+        self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
         p = self.plan

@@ -80,6 +80,7 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
+from mono_common.stages.gemv import span_first_w as _span_first_w
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
 from mono_common.stages.mla import mla_partial as stage_mla
@@ -313,7 +314,10 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0):
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0,
+               w0=None):
+    # w0 (Plan.WBW, a measurement knob): the q_a/kv_a span's first weight block, loaded before
+    # the hand-off into this stage (`gemv.span_first_w`)
     # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
     # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
@@ -333,7 +337,7 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
     if P1 == 0 or pid < P1:
         gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
-                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
+                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, w0=w0)
     # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
     ip, inp = _index_programs(pid, nprog, P1)
     if P1 == 0 or ip >= 0:
@@ -476,11 +480,12 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False):
+             tkh_ptr=None, TKF: tl.constexpr = False, w0=None):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's)
+    # holds the quantised values and qns_ptr their scales (stage_latent's). w0 (Plan.WBW): the
+    # q_b span's first weight block, loaded before the hand-off into this stage
     gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr, XQP,
-              DOT=DOTF)
+              DOT=DOTF, w0=w0)
     if INDEXER:
         gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
                   qns_ptr, XQP, DOT=DOTF)
@@ -666,12 +671,13 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
 def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
                 W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, KO: tl.constexpr,
                 BNS: tl.constexpr, BLK: tl.constexpr, PER9: tl.constexpr, DOTF: tl.constexpr,
-                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
+                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0, w0=None):
     # KSF > 0 (Plan.FIX9, a measurement knob): each column tile's last span sums its KSF slots
     # into slot 0 (`gemv.span_fixup`), so postnorm reads one (a one-rank postnorm's row
-    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18)
+    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18).
+    # w0 (Plan.WBW): the span's first weight block, loaded before the hand-off into this stage
     gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF,
-              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF)
+              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF, w0=w0)
 
 
 @triton.jit
@@ -994,6 +1000,9 @@ def layer_kernel(
     # the top-k's first radix pass in the index scores (Plan.TKF), gate_up's MMA form and
     # column tile (Plan.GDOT, BNG: 0 the default BN): measurement knobs
     TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
+    # the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before the hand-offs into
+    # their stages (Plan.WBW, a measurement knob)
+    WBW: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1046,12 +1055,19 @@ def layer_kernel(
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP)
     if FIRST <= 1 and LAST >= 1:
+        # WBW: weights do not depend on activations, so each GEMV stage's first weight block
+        # is requested before the hand-off that gates its input, and is in flight while the
+        # program waits (16 KB a program at 128-column tiles)
+        if WBW:
+            w0 = _span_first_w(pid, _p(row, P.WQKV, u8), NQKV, H, BNS, BLK, PER1, FMT_FP8, ok)
+        else:
+            w0 = None
         ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
-                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1, w0)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -1064,6 +1080,10 @@ def layer_kernel(
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP)
     if FIRST <= 3 and LAST >= 3:
+        if WBW:
+            w0 = _span_first_w(pid, _p(row, P.WQB, u8), NQB, QL, BNS, BLK, PER3, FMT_FP8, ok)
+        else:
+            w0 = None
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
                        CLOCK, FAULT)
@@ -1071,7 +1091,7 @@ def layer_kernel(
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.TKH, i32) if TKF else None, TKF)
+                     _p(row, P.TKH, i32) if TKF else None, TKF, w0)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1148,13 +1168,17 @@ def layer_kernel(
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
+        if WBW:
+            w0 = _span_first_w(pid, _p(row, P.WO, u8), H, NH * VD, BNS, BLK, PER9, FMT_FP8, ok)
+        else:
+            w0 = None
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
                        CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
-                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0)
+                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0, w0)
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
