@@ -240,28 +240,41 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
 
 
 @triton.jit
+def arrive_last(cnt_ptr, target, SYS: tl.constexpr):
+    """Add 1 to the int32 counter at cnt_ptr after every thread's writes (one acq_rel RMW a
+    program); returns whether this arrival made it `target` (modulo 2**32), a program value.
+    acq_rel, not release: the last arrival then acquires every earlier arrival's release-add
+    (one release sequence on the counter), so what it does next sees their writes. Lane 1 of
+    the 2-lane shape is a masked spare (a single-lane atomic has hung on gfx950: the module's
+    note)."""
+    lane = tl.arange(0, 2)
+    first = lane == 0
+    ones = tl.full([2], 1, tl.int32)
+    # every thread's writes before the one thread's arrival (as `signal`)
+    tl.debug_barrier()
+    if SYS:
+        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="sys")
+    else:
+        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="gpu")
+    return tl.sum(tl.where(first, old, 0), 0) == wrap32(target) - 1
+
+
+@triton.jit
 def arrive_flag(cnt_ptr, flag_ptr, target, SYS: tl.constexpr):
     """Arrive on a hand-off whose waiters poll a flag (`wait_flag`): add 1 to the int32 counter
     at cnt_ptr; the arrival that makes it `target` (modulo 2**32) stores target in the flag
     word at flag_ptr. Returns whether this program made that arrival (it need not wait).
 
     The form of `stages.handoff.grid_handoff_flag` with the guard's deadline and abort flag:
-    every program makes one RMW on the counter (`wait_ge` polls it with RMWs, which serialise
-    with the arrivals at its L2 slice). acq_rel, not release: the last arrival's release of
-    the flag carries the others' writes only if it acquires their release-adds (one release
-    sequence on the counter; happens-before is transitive). Lane 1 of the 2-lane shapes is a
-    masked spare (a single-lane atomic has hung on gfx950: the module's note)."""
+    every program makes one RMW on the counter (`arrive_last`; `wait_ge` polls it with RMWs,
+    which serialise with the arrivals at its L2 slice). The last arrival's release of the flag
+    carries the others' writes: it acquired their release-adds, and happens-before is
+    transitive."""
     lane = tl.arange(0, 2)
     first = lane == 0
     tgt = wrap32(target)
     ones = tl.full([2], 1, tl.int32)
-    # every thread's writes of the stage before the one thread's arrival (as `signal`)
-    tl.debug_barrier()
-    if SYS:
-        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="sys")
-    else:
-        old = tl.atomic_add(cnt_ptr + lane, ones, mask=first, sem="acq_rel", scope="gpu")
-    last = tl.sum(tl.where(first, old, 0), 0) == tgt - 1
+    last = arrive_last(cnt_ptr, target, SYS)
     if last:
         if SYS:
             tl.atomic_xchg(flag_ptr + lane, ones * tgt, mask=first, sem="release", scope="sys")

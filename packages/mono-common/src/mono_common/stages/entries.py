@@ -76,17 +76,15 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     epoch = 0
     if FIX:
         epoch = epoch_begin(fix_ptr + L * NTF + pid)
+    wn = None
     if WB:
         wn = span_first_w(pid, wl, N, K, BN, BLK, PER, FMT)
     for li in range(L):
         if SPAN:
+            gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
+                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0, w0=wn)
             if WB:
-                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                          FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0, w0=wn)
                 wn = span_first_w(pid, wl + w_lstride, N, K, BN, BLK, PER, FMT, li + 1 < L)
-            else:
-                gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                          FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,

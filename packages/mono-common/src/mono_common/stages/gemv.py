@@ -29,7 +29,7 @@ MMA forms' e4m3 weights on sm_90's integer and bf16 pipes (`numerics.e4m3_bf16`)
 import triton
 import triton.language as tl
 
-from mono_common.device.guard import wrap32
+from mono_common.device.guard import arrive_last
 from mono_common.stages.numerics import dot, dot_fp8, e4m3_bf16, quant_rows
 
 FMT_BF16 = tl.constexpr(0)
@@ -220,13 +220,7 @@ def span_fixup(cnt_ptr, target, out_ptr, col0, N, NSTR: tl.constexpr, W: tl.cons
     RMW is acq_rel: the other spans released their partials with theirs, and its acquire
     (with the barrier after it) orders this program's reads of them. Slots no span wrote
     hold zero (the buffer's allocation), as for `sum_slots`."""
-    lane = tl.arange(0, 2)
-    first = lane == 0
-    tgt = wrap32(target)
-    # every thread's partial stores before the one thread's arrival
-    tl.debug_barrier()
-    old = tl.atomic_add(cnt_ptr + lane, tl.full([2], 1, tl.int32), mask=first, sem="acq_rel", scope="gpu")
-    if tl.sum(tl.where(first, old, 0), 0) == tgt - 1:
+    if arrive_last(cnt_ptr, target, False):
         tl.debug_barrier()
         c = col0 + tl.arange(0, BN)
         cm = c < N

@@ -20,12 +20,7 @@ from mono_common.stages.numerics import bf16r, dot, rbf
 def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
               part_ptr, ml_ptr, sm_scale,
               W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
-              TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, NSK: tl.constexpr = 0):
-    """One `mla_partial` tile per (row, head group, chunk) (the module's docstring). NSK > 0:
-    the software-pipelining depth of the tile's two loops over KVL (scores, then values)
-    instead of the launch's (3 and 2 on sm_90 with Triton 3.6-3.8): a tile is a chain of 16
-    dependent 64-column gathers of its CT tokens, ~10 us of the GLM-5.3 TP8 shard's 1-row
-    launch on 32 programs (H200 stamps, session 18)."""
+              TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr):
     NCH: tl.constexpr = TOPK // CT
     NG: tl.constexpr = (NH + HG - 1) // HG
     DA: tl.constexpr = KVL + RD
@@ -50,7 +45,7 @@ def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, 
         kr = tl.load(kb[:, None] + KVL + cr[None, :], mask=valid[:, None], other=0.0)
         qr = tl.load(qb[:, None] + KVL + cr[None, :], mask=hm[:, None], other=0.0)
         s = dot(qr, tl.trans(kr))
-        for d0 in tl.range(0, KVL, DC, num_stages=NSK if NSK > 0 else None):
+        for d0 in range(0, KVL, DC):
             kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
             qn = tl.load(qb[:, None] + d0 + dc[None, :], mask=hm[:, None], other=0.0)
             s += dot(qn, tl.trans(kn))
@@ -60,7 +55,7 @@ def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, 
         l = tl.sum(p, 1)
         pbf = rbf(p)
         pb = part_ptr + ((m * NH + heads) * NCH + c) * KVL
-        for d0 in tl.range(0, KVL, DC, num_stages=NSK if NSK > 0 else None):
+        for d0 in range(0, KVL, DC):
             kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
             o = dot(pbf, kn)
             tl.store(pb[:, None] + d0 + dc[None, :], o, mask=hm[:, None])

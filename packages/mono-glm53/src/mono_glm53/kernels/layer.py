@@ -283,15 +283,12 @@ def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     return (6,) if plan.TKF else ()
 
 
-def _fixup_counters(s: GlmLayerShape, plan: Plan, fields=None) -> list[tuple[int, int, int, int, int]]:
-    """(first counter word, words there, N, K, PER) of each stream-K GEMV whose column tiles are
-    fixed up (the Plan fields `fields` of FIX9; None: those `plan` sets): where its per-tile
-    counters sit in the counter buffer (`stages.FIXOP`) and what `gemv.tile_spans` counts."""
+def _oproj_counters(s: GlmLayerShape, plan: Plan) -> tuple[int, int, int, int, int]:
+    """(first counter word, words there, N, K, PER) of o_proj's column-tile counters (Plan.FIX9):
+    where they sit in the counter buffer (`stages.FIXOP`) and what `gemv.tile_spans` counts."""
     from mono_glm53.kernels.stages import CNT_WORDS, FIXOP
 
-    table = (("FIX9", FIXOP, CNT_WORDS, s.hidden, s.heads_per_rank * s.v_head, plan.PER9),)
-    return [(base.value, end.value - base.value, n, k, per) for field, base, end, n, k, per in table
-            if (getattr(plan, field) if fields is None else field in fields)]
+    return FIXOP.value, CNT_WORDS.value - FIXOP.value, s.hidden, s.heads_per_rank * s.v_head, plan.PER9
 
 
 def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
@@ -338,12 +335,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         if it & (it - 1) or not 16 <= it <= 256:
             errors.append(f"index_tile {it} is not a power of two in 16..256")
         change["TB"] = int(it)
-    for name, field in (("oproj_fixup", "FIX9"),):
-        if k.get(name):
-            change[field] = True
-            for _, room, n, _, _ in _fixup_counters(s, plan, (field,)):
-                if _cdiv(n, BNS) > room:
-                    errors.append(f"{name} counts {_cdiv(n, BNS)} column tiles; the counter buffer holds {room}")
+    if k.get("oproj_fixup"):
+        change["FIX9"] = True
+        _, room, n, _, _ = _oproj_counters(s, plan)
+        if _cdiv(n, BNS) > room:
+            errors.append(f"oproj_fixup counts {_cdiv(n, BNS)} column tiles; the counter buffer holds {room}")
     # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the first pass in the index
     # scores takes 236 -> 244 VGPRs, no spills
     if k.get("hist_in_scores"):
@@ -717,7 +713,8 @@ class GlmLayerKernel:
         self.epoch.fill_(wrap(epoch))
         self.cnt.fill_(wrap(epoch * self.nprog))
         # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
-        for base, _, n, k, per in _fixup_counters(self.s, self.plan):
+        if self.plan.FIX9:
+            base, _, n, k, per = _oproj_counters(self.s, self.plan)
             for c in range(_cdiv(n, BNS)):
                 self.cnt[base + c] = wrap(epoch * tile_spans(c, k, self.s.block, per))
 

@@ -228,39 +228,6 @@ def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
 
 
 @triton.jit
-def _addnorm_row(x_ptr, res_ptr, w_in_ptr, m, off, cm, H: tl.constexpr):
-    """Row m's residual sum r = x + res and the norm's weight w (fp32 [4, HB],
-    `_row_as_4_chunks`); `_addnorm_hn` norms it."""
-    r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
-         + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
-    return r, tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _addnorm_hn(r, w, eps, H: tl.constexpr):
-    """The RMSNorm of `_addnorm_row`'s r with weight w (fp32, not yet rounded to bf16)."""
-    return r * tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps) * w
-
-
-@triton.jit
-def _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm,
-                   H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
-    """Row m's resid1 and hn (XQP: hn quantised per BLK group too, hnq / hns), the row as
-    `_row_as_4_chunks`' [4, HB] tile (off, cm)."""
-    r, w = _addnorm_row(x_ptr, res_ptr, w_in_ptr, m, off, cm, H)
-    tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
-    hn = _addnorm_hn(r, w, eps, H)
-    tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
-    if XQP:
-        # the chunk rows are consecutive in the row, so the flattened tile's BLK groups are the
-        # row's (the masked chunk rows' groups past H // BLK are not stored)
-        q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK)
-        tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
-        g = tl.arange(0, 4 * HB // BLK)
-        tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
-
-
-@triton.jit
 def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
                   W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
     # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
@@ -273,8 +240,19 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
         # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
         off, cm = _row_as_4_chunks(H, HB)
         for m in range(pid, W, nprog):
-            _addnorm_store(x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr, m, off, cm,
-                           H, HB, BLK, XQP)
+            r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+                 + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
+            w = tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
+            tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
+            hn = r * tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps) * w
+            tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
+            if XQP:
+                # the chunk rows are consecutive in the row, so the flattened tile's BLK groups
+                # are the row's (the masked chunk rows' groups past H // BLK are not stored)
+                q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK)
+                tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
+                g = tl.arange(0, 4 * HB // BLK)
+                tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
     else:
         # two passes over the chunks, the sum recomputed in the second
         c = tl.arange(0, HB)
@@ -373,6 +351,7 @@ def stage_latent(pid, nprog, row,
     # on gfx950, whose SGPRs they spilled). Three small parts per row (tiles t = part * W + m), each its own loop loading its own
     # pointers from the table: one loop over every part keeps what each part hoists (pointers,
     # lane offsets) live through all of them, past gfx950's scalar registers.
+    NIKW: tl.constexpr = ID + IH
     for t in range(_first_tile(pid, nprog, 0), W, nprog):
         m = t
         qkva_ptr = _p(row, P.QKVA, tl.float32)
@@ -387,92 +366,70 @@ def stage_latent(pid, nprog, row,
             tl.store(_p(row, P.QNQ, tl.bfloat16) + m * QL + tl.arange(0, QL), qq)
             tl.store(_p(row, P.QNS, tl.float32) + m * (QL // BLK) + tl.arange(0, QL // BLK), qs)
     for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
-        _latent_kv(row, t - W, W, QL, KVL, RD, NQKV, KS1, MLA_NEOX, GS)
+        m = t - W
+        qkva_ptr = _p(row, P.QKVA, tl.float32)
+        rope_ptr = _p(row, P.ROPE, tl.float32)
+        cs_ptr = _p(row, P.CS, tl.float32)
+        wkva_ptr = _p(row, P.WKVA, tl.bfloat16)
+        eps = _sf(row, P.EPS)
+        pos = tl.load(_p(row, P.POS, tl.int64) + m)
+        loc = tl.load(_p(row, P.LOC, tl.int64) + m)
+        kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL, GS))
+        kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
+        kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD, GS))
+        # RoPE reads its partner lane from memory: park k_pe in this row's scratch slot
+        sp = rope_ptr + m * RD
+        tl.store(sp + tl.arange(0, RD), kpe)
+        tl.debug_barrier()
+        kr = _rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX)
+        if loc >= 0:  # pad rows (loc < 0) write no cache
+            base = _p(row, P.KV_CACHE, tl.bfloat16) + loc * (KVL + RD)
+            tl.store(base + tl.arange(0, KVL), _rbf(kvn))
+            tl.store(base + KVL + tl.arange(0, RD), _rbf(kr))
     if INDEXER:
         for t in range(_first_tile(pid, nprog, 2 * W), 3 * W, nprog):
-            _latent_index_k(row, t - 2 * W, W, RD, ID, IH, PG, KSI, IDX_FUSED, HADAMARD, IDX_NEOX, GS)
-
-
-@triton.jit
-def _latent_kv(row, m, W: tl.constexpr, QL: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
-               NQKV: tl.constexpr, KS1: tl.constexpr, MLA_NEOX: tl.constexpr, GS: tl.constexpr):
-    """Row m's kv_a norm and k_pe RoPE into the MLA cache at out_cache_loc (pad rows: none)."""
-    qkva_ptr = _p(row, P.QKVA, tl.float32)
-    rope_ptr = _p(row, P.ROPE, tl.float32)
-    cs_ptr = _p(row, P.CS, tl.float32)
-    wkva_ptr = _p(row, P.WKVA, tl.bfloat16)
-    eps = _sf(row, P.EPS)
-    pos = tl.load(_p(row, P.POS, tl.int64) + m)
-    loc = tl.load(_p(row, P.LOC, tl.int64) + m)
-    kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL, GS))
-    kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
-    kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD, GS))
-    # RoPE reads its partner lane from memory: park k_pe in this row's scratch slot
-    sp = rope_ptr + m * RD
-    tl.store(sp + tl.arange(0, RD), kpe)
-    tl.debug_barrier()
-    kr = _rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX)
-    if loc >= 0:  # pad rows (loc < 0) write no cache
-        base = _p(row, P.KV_CACHE, tl.bfloat16) + loc * (KVL + RD)
-        tl.store(base + tl.arange(0, KVL), _rbf(kvn))
-        tl.store(base + KVL + tl.arange(0, RD), _rbf(kr))
-
-
-@triton.jit
-def _latent_wts(row, ikw_ptr, m, W: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, KSI: tl.constexpr,
-                IDX_FUSED: tl.constexpr, GS: tl.constexpr):
-    """Row m's index head weights (weights_proj's split sums in ikw) -> iwraw."""
-    wts = _sum_splits(ikw_ptr, m, ID, W, ID + IH, KSI, IH, GS)
-    if IDX_FUSED:
-        wts = _bf16(wts)  # the merged wk_weights_proj GEMM writes bf16
-    tl.store(_p(row, P.IWRAW, tl.float32) + m * IH + tl.arange(0, IH), wts)
-
-
-@triton.jit
-def _latent_index_k(row, m, W: tl.constexpr, RD: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr,
-                    PG: tl.constexpr, KSI: tl.constexpr, IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr,
-                    IDX_NEOX: tl.constexpr, GS: tl.constexpr):
-    """Row m's index key: LayerNorm + RoPE (+ Hadamard) + FP8 into the paged index-K cache,
-    and its head weights (`_latent_wts`), after the key's sums are requested."""
-    NIKW: tl.constexpr = ID + IH
-    ikw_ptr = _p(row, P.IKW, tl.float32)
-    rope_ptr = _p(row, P.ROPE, tl.float32)
-    cs_ptr = _p(row, P.CS, tl.float32)
-    pos = tl.load(_p(row, P.POS, tl.int64) + m)
-    d = tl.arange(0, ID)
-    rj = tl.arange(0, RD)
-    k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID, GS))
-    _latent_wts(row, ikw_ptr, m, W, ID, IH, KSI, IDX_FUSED, GS)
-    # LayerNorm with fp32 weight and bias
-    mu = tl.sum(k, 0) / ID
-    dk = k - mu
-    var = tl.sum(dk * dk, 0) / ID
-    kn = (dk * tl.rsqrt(var + _sf(row, P.LN_EPS)) * tl.load(_p(row, P.LNW, tl.float32) + d)
-          + tl.load(_p(row, P.LNB, tl.float32) + d))
-    if not IDX_FUSED:
-        kn = _bf16(kn)  # unfused: LayerNorm out bf16, then rope, then Hadamard
-    sp = rope_ptr + W * RD + m * ID
-    tl.store(sp + d, kn)
-    tl.debug_barrier()
-    kr = _rope_apply(sp, pos, cs_ptr, RD, IDX_NEOX)
-    tl.debug_barrier()
-    tl.store(sp + rj, kr)
-    tl.debug_barrier()
-    kk = _bf16(tl.load(sp + d))
-    if HADAMARD:
-        tl.debug_barrier()
-        tl.store(sp + d, kk)
-        tl.debug_barrier()
-        kk = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
-    code, sc = _index_quant(kk, True)
-    loc = tl.load(_p(row, P.LOC, tl.int64) + m)
-    if loc >= 0:
-        page = loc // PG
-        off = loc % PG
-        pb = _p(row, P.IDX_CACHE, tl.uint8) + page * (PG * (ID + 4))
-        tl.store(pb + off * ID + d, code.to(tl.uint8))
-        sp32 = (pb + PG * ID).to(tl.pointer_type(tl.float32))
-        tl.store(sp32 + off, sc)
+            m = t - 2 * W
+            ikw_ptr = _p(row, P.IKW, tl.float32)
+            rope_ptr = _p(row, P.ROPE, tl.float32)
+            cs_ptr = _p(row, P.CS, tl.float32)
+            pos = tl.load(_p(row, P.POS, tl.int64) + m)
+            d = tl.arange(0, ID)
+            rj = tl.arange(0, RD)
+            k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID, GS))
+            wts = _sum_splits(ikw_ptr, m, ID, W, NIKW, KSI, IH, GS)
+            if IDX_FUSED:
+                wts = _bf16(wts)  # the merged wk_weights_proj GEMM writes bf16
+            tl.store(_p(row, P.IWRAW, tl.float32) + m * IH + tl.arange(0, IH), wts)
+            # LayerNorm with fp32 weight and bias
+            mu = tl.sum(k, 0) / ID
+            dk = k - mu
+            var = tl.sum(dk * dk, 0) / ID
+            kn = (dk * tl.rsqrt(var + _sf(row, P.LN_EPS)) * tl.load(_p(row, P.LNW, tl.float32) + d)
+                  + tl.load(_p(row, P.LNB, tl.float32) + d))
+            if not IDX_FUSED:
+                kn = _bf16(kn)  # unfused: LayerNorm out bf16, then rope, then Hadamard
+            sp = rope_ptr + W * RD + m * ID
+            tl.store(sp + d, kn)
+            tl.debug_barrier()
+            kr = _rope_apply(sp, pos, cs_ptr, RD, IDX_NEOX)
+            tl.debug_barrier()
+            tl.store(sp + rj, kr)
+            tl.debug_barrier()
+            kk = _bf16(tl.load(sp + d))
+            if HADAMARD:
+                tl.debug_barrier()
+                tl.store(sp + d, kk)
+                tl.debug_barrier()
+                kk = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
+            code, sc = _index_quant(kk, True)
+            loc = tl.load(_p(row, P.LOC, tl.int64) + m)
+            if loc >= 0:
+                page = loc // PG
+                off = loc % PG
+                pb = _p(row, P.IDX_CACHE, tl.uint8) + page * (PG * (ID + 4))
+                tl.store(pb + off * ID + d, code.to(tl.uint8))
+                sp32 = (pb + PG * ID).to(tl.pointer_type(tl.float32))
+                tl.store(sp32 + off, sc)
 
 
 @triton.jit
@@ -885,7 +842,6 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
         if WAIT:
             ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
                          s, deadline, NRANK, CLOCK, FAULT, False)
-        if WAIT:
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
     return ok
@@ -1101,8 +1057,7 @@ def layer_kernel(
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
-                         W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
-                         HADAMARD,
+                         W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
                          MLA_NEOX, IDX_NEOX, GS)
     if FUSED and FIRST == 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
