@@ -151,6 +151,26 @@ def test_sm90_wait_polls_inside_the_loop(vec):
     assert any("%globaltimer" in x for x in body)
 
 
+@pytest.mark.parametrize("vec", [0, 1])
+def test_sm90_wait_failure_path_is_one_call_and_gfx950_keeps_it_inline(vec):
+    # A launch fetches its code once per stage, ~0.09-0.25 us a KB on the H200 (mono-glm53
+    # results README, session 21): the never-run failure path (~2.5 KB inlined) stays out of
+    # the hot code on sm_90 as a call; gfx950 inlines it (a call there spilled SGPRs).
+    ptx = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=0, FAULT=0, SYS=0, VEC=vec),
+                            "sm_90").asm["ptx"]
+    funcs = ptx.split("// -- End function")
+    entry = next(f for f in funcs if ".entry" in f)
+    called = [f for f in funcs if re.search(r"\.func\s+\S*_fail_call", f) and "{" in f and ".entry" not in f]
+    assert re.search(r"\bcall\.uni\s+\S*_fail_call", entry), "the wait does not call the failure path"
+    # the error word's CAS is in the called function, not in the kernel's own code
+    cas = r"atom\.global\.acquire\.sys\.cas\.b64"
+    assert called and re.search(cas, called[0]), "no failure-path function holding the error word's CAS"
+    assert not re.search(cas, entry), "the failure path's error-word CAS is inline in the kernel"
+    gcn = cc.compile_kernel(probe_kernel, PROBE_SIG, dict(NRANK=1, CLOCK=1, FAULT=0, SYS=0, VEC=vec),
+                            "gfx950").asm["amdgcn"]
+    assert "s_swappc" not in gcn and "_fail_call" not in gcn
+
+
 def _decides_after_exchange(body, clock, barrier, shared_read, branch):
     """In the wait loop's code, every clock read is followed, before the next branch, by a
     barrier and then a read of shared memory: the deadline reaches the loop's branch as one

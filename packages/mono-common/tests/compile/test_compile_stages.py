@@ -39,13 +39,10 @@ def test_gemv_entry_compiles_without_spills(target, case, record_property):
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
-@pytest.mark.parametrize("form", [dict(FIX=True), dict(WB=True)], ids=["fixup", "preload"])
-def test_gemv_span_forms_compile_without_spills(target, form, record_property):
-    """The layer's q_a/kv_a form with its column tiles summed by their last span (FIX), and with
-    each program's next first weight block (16 KB at 128 columns) held in registers across the
-    hand-off (WB, `gemv.span_first_w`)."""
+def test_gemv_span_fixup_compiles_without_spills(target, record_property):
+    """The layer's q_a/kv_a form with its column tiles summed by their last span (FIX)."""
     ce = dict(N=2624, K=6144, W=2, BM=16, BN=128, BLK=128, KS=1, PER=5, SLOTS=11, SPAN=True, FMT=1, XQ=True,
-              PRE=False, DOT=2, BAR=True, AMD=target == "gfx950", **form)
+              PRE=False, DOT=2, BAR=True, AMD=target == "gfx950", FIX=True)
     res = cc.compile_kernel(gemv_entry, GEMV_SIG, ce, target, num_warps=4, pointer_align=16,
                             num_stages=STAGES[target], amd_buffer_ops=False)
     record_property("resources", cc.format_resources(res))

@@ -81,28 +81,6 @@ def test_span_fixup_sums_each_column_tile_into_slot_0(nprog):
                     alloc_out(GemvPlan.make(N, K, 3, nprog=3, bn=128, span=False, ks=2), 1, x.device), fixup=True)
 
 
-@pytest.mark.parametrize("nprog,dot", [(3, 2), (7, 2), (7, 0), (40, 2)])
-def test_span_from_a_preloaded_first_block_gives_the_same_partials(nprog, dot):
-    """preload (the next weight set's first block of each span loaded before the hand-off,
-    `gemv.span_first_w`, and the span started from it): every partial slot of three weight
-    sets, the bits of the plain launch. At 7 programs spans start inside tiles; at 40 programs
-    (PER 1, 8 items) the last programs' spans are empty and load nothing. Refused on split-K."""
-    from mono_common.stages.gemv_host import alloc_out, launch_gemv
-
-    x, w, s = _weights()
-    w3 = torch.cat([w, w.flip(1), w.flip(2)])
-    s3 = torch.cat([s, s.flip(1), s.flip(2)])
-    plans = [GemvPlan.make(N, K, 3, nprog=nprog, bn=128, span=True, dot=dot, preload=p) for p in (False, True)]
-    outs = []
-    for plan in plans:
-        outs.append(alloc_out(plan, 3, x.device))
-        launch_gemv(plan, x, w3, s3, outs[-1])
-    assert torch.equal(outs[0], outs[1])
-    assert _rel(outs[1][2].sum(0), block_fp8_gemv(x, w3[2], s3[2])) < (1e-3 if dot == 2 else 1e-6)
-    with pytest.raises(ValueError, match="split-K"):
-        GemvPlan.make(N, K, 3, nprog=3, bn=128, span=False, ks=2, preload=True)
-
-
 def _slot_order_sum(out):
     acc = out[:, 0].clone()
     for j in range(1, out.shape[1]):

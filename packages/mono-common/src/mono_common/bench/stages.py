@@ -56,10 +56,6 @@ GEMV_VARIANTS = {
     # s128fq with each column tile summed into slot 0 by its last span (gemv.span_fixup), as
     # mono-glm53's qkva_fixup / qb_fixup / oproj_fixup knobs do (not yet run on the H200)
     "s128fqx": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, fixup=True),
-    # s128fq with each program's first weight block of the next set loaded before the hand-off
-    # (gemv.span_first_w): what requesting a stage's weights before its wait gains at the
-    # hand-off (not yet run on the H200)
-    "s128fqw": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, preload=True),
     # the k-loop pipelined 3 deep, every load (scales, and x where the loop quantises it); H200,
     # session 14: 0.2-0.7 us slower than s128f / s128fq at every shape and row count
     "s128fl": dict(bn=128, span=True, num_warps=4, dot=2, lstg=3),

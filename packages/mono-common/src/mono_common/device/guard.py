@@ -165,6 +165,27 @@ def fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr,
         fault()
 
 
+# sm_90 (CLOCK 0): the cold path as a real call. Inlined, it is ~2.5 KB of SASS after every
+# wait, fetched with the hot code around it, and a launch fetches its code from HBM at ~0.25 us
+# a KB (H200 probe, session 21); a call there kept the layer at 0 spills (gfx950 keeps it
+# inlined, see `fail`).
+@triton.jit(noinline=True)
+def _fail_call(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage,
+               NRANK: tl.constexpr, FAULT: tl.constexpr):
+    fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+
+
+@triton.jit
+def _fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage,
+          NRANK: tl.constexpr, FAULT: tl.constexpr, CLOCK: tl.constexpr):
+    if CLOCK == 0:
+        _fail_call(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage,
+                   NRANK, FAULT)
+    else:
+        fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage, NRANK,
+             FAULT)
+
+
 @triton.jit
 def wrap32(x):
     """x (an int of any width, or a Python int) as the int32 it is modulo 2**32."""
@@ -233,7 +254,8 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
         waited = _waited(waited, start, iters, CLOCK)
     ok = ((cur - tgt) >= 0) & (ab == 0)
     if not ok:
-        fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK, FAULT)
+        _fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK,
+              FAULT, CLOCK)
     # Threads other than the polling ones read data the producers wrote: order after the poll.
     tl.debug_barrier()
     return ok
@@ -341,8 +363,8 @@ def wait_flag(flag_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, st
         # program values for the error word: lane 0's flag reading, lane 1's abort flag
         cur = tl.sum(tl.where(lane == 0, v, 0), 0)
         ab = tl.sum(tl.where(lane == 1, v, 0), 0)
-        fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
-             NRANK, FAULT)
+        _fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
+              NRANK, FAULT, CLOCK)
     # the threads other than the acquiring one read data the producers wrote: order after it
     tl.debug_barrier()
     return ok
@@ -381,8 +403,8 @@ def wait_all_ge(cnt_ptrs, targets, abort_ptr, abort_tab, err_ptr, rank, program,
         first = tl.where(first == big, 0, first)
         obs = tl.sum(tl.where(lanes == first, v, 0), 0)
         exp = tl.sum(tl.where(lanes == first, tgt, 0), 0)
-        fail(ab, obs, exp, first, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK,
-             FAULT)
+        _fail(ab, obs, exp, first, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
+              NRANK, FAULT, CLOCK)
     tl.debug_barrier()
     return ok
 

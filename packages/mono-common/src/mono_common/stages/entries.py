@@ -8,8 +8,7 @@ and by `mono bench stages`. gemv_entry's BAR 2 hands off with `handoff.grid_hand
 instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm device).
 
   gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32 (FIX: the spans'
-                 column tiles summed into slot 0 by their last span, `gemv.span_fixup`; WB: the
-                 next set's first weight block loaded before the hand-off, `gemv.span_first_w`)
+                 column tiles summed into slot 0 by their last span, `gemv.span_fixup`)
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write)
   topk_first_entry  the first radix pass as a producer of the scores runs it (TB scores a tile)
   routing_entry  `stages.routing.biased_topk` of logits [W, E] -> weights [W, E], used [E]
@@ -27,7 +26,7 @@ import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
-from mono_common.stages.gemv import gemv_span, gemv_tile, span_first_w
+from mono_common.stages.gemv import gemv_span, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
@@ -55,10 +54,7 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
                PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
-               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False,
-               WB: tl.constexpr = False):
-    # WB (SPAN only): each program's first weight block of the next set is loaded before the
-    # hand-off (`gemv.span_first_w`), the layer's "weights before the wait"
+               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False):
     # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
     # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
     # [nprog]: all zero before the first launch, never reset (graph replays count on)
@@ -76,15 +72,10 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     epoch = 0
     if FIX:
         epoch = epoch_begin(fix_ptr + L * NTF + pid)
-    wn = None
-    if WB:
-        wn = span_first_w(pid, wl, N, K, BN, BLK, PER, FMT)
     for li in range(L):
         if SPAN:
             gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0, w0=wn)
-            if WB:
-                wn = span_first_w(pid, wl + w_lstride, N, K, BN, BLK, PER, FMT, li + 1 < L)
+                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,

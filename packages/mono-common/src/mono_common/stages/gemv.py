@@ -153,32 +153,16 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
 
 
 @triton.jit
-def span_first_w(p, w_ptr, N, K: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr, PER: tl.constexpr,
-                 FMT: tl.constexpr, ok=True):
-    """The weight block [BN, BLK] of stream-K span p's first item (`gemv_span`), loaded now:
-    issued before the hand-off that gates the span's x, its bytes are in flight while the
-    program waits (weights do not depend on activations), and `gemv_span(w0=)` starts from
-    it. ok False (or an empty span): nothing is read (zeros)."""
-    NKB: tl.constexpr = K // BLK
-    NT = (N + BN - 1) // BN
-    i0 = p * PER
-    nt = i0 // NKB
-    cols = nt * BN + tl.arange(0, BN)
-    return _load_w(w_ptr, cols, (cols < N) & (i0 < NT * NKB), i0 - nt * NKB, K, BLK, FMT, ok)
-
-
-@triton.jit
 def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               PER: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
               PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
-              FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0, w0=None):
+              FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
     """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
     tile-major order; each column tile it touches gets one partial in slot p - first(tile).
     LSTG, FASTCVT: as `gemv_tile`'s. KSF > 0: after each partial the span arrives on its
     tile's counter (fix_ptr[tile], int32); the tile's last span (`span_fixup`) sums the tile's
-    KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF. w0: the first
-    item's weight block as `span_first_w` loaded it (the same sums, in the same order)."""
+    KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF."""
     NKB: tl.constexpr = K // BLK
     NT = (N + BN - 1) // BN
     i0 = p * PER
@@ -192,13 +176,7 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
         cols = nt * BN + tl.arange(0, BN)
         cmask = cols < N
         acc = _zero_acc(BM, BN, DOT)
-        kb0 = i - nt * NKB
-        if w0 is not None:
-            if i == i0:
-                acc = _kblock(acc, w0, kb0, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT,
-                              XQ, DOT, FASTCVT)
-                kb0 += 1
-        acc = _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
+        acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
                      K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
         slot = p - (nt * NKB) // PER
         _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)

@@ -36,9 +36,6 @@ class GemvPlan:
     num_warps: int = 4
     dot: int = 0  # stages.gemv DOT_XW (0), DOT_WX (1), DOT_WX_FP8 (2)
     lstg: int = 0  # k-loops pipelined this deep, every load (0: Triton's default, MMA operands)
-    # span only: each program's first weight block of the next weight set loaded before the
-    # hand-off after this one (`gemv.span_first_w`)
-    preload: bool = False
 
     @property
     def BM(self) -> int:
@@ -52,19 +49,17 @@ class GemvPlan:
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
              pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
-             lstg: int = 0, preload: bool = False) -> GemvPlan:
+             lstg: int = 0) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
             raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
         if lstg < 0 or (lstg and pre):
             raise ValueError(f"pipelining depth {lstg}: 0 (off) or more, and not with the register prefetch (pre)")
-        if preload and not span:
-            raise ValueError("preload starts a stream-K span from a loaded block: this plan is split-K")
         nkb = K // blk
         if span:
             return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot,
-                            lstg, preload)
+                            lstg)
         if ks is None:
             ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
@@ -126,7 +121,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
         FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
-        fix_ptr=fix, FIX=fix is not None, WB=plan.preload, num_warps=plan.num_warps, **coop)
+        fix_ptr=fix, FIX=fix is not None, num_warps=plan.num_warps, **coop)
     return out
 
 

@@ -177,9 +177,9 @@ def _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_pt
 @triton.jit
 def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
              W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr, BI: tl.constexpr,
-             NSLOT: tl.constexpr, BLK: tl.constexpr):
+             NSLOT: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr = False):
     """SiLU(g) * u of every slot in use, quantised for down (inter, inters), one (slot, row,
-    BI-column block) a tile."""
+    BI-column block) a tile. HW: the e4m3 rounding on sm_90's conversion unit (`quant_blocks`)."""
     ns = tl.load(nslot_ptr)
     c = tl.arange(0, BI)
     NB: tl.constexpr = I // BI
@@ -199,7 +199,7 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
             up = bf16r(up)
             # SGLang's silu_and_mul kernel: fp32 math, one rounding
             a = div_rn(g, 1.0 + tl.exp(-g)) * up
-            q, qs = quant_blocks(bf16r(a), BI, BLK)
+            q, qs = quant_blocks(bf16r(a), BI, BLK, HW)
             tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
             tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)
 

@@ -4,13 +4,14 @@ All functions are `@triton.jit` device functions on fp32 tensors of any shape:
   rbf(x) -> bf16          fp32 -> bf16, round to nearest even (also under the interpreter)
   bf16r(x) -> fp32        round to bf16 and back (SGLang stores bf16 between ops)
   div_rn(a, b) -> fp32    correctly rounded division (scales must match torch bit for bit)
-  e4m3_bits(x) -> int32   fp32 -> e4m3fn code 0..255, RNE, saturating at +-448
+  e4m3_bits(x, HW) -> int32  fp32 -> e4m3fn code 0..255, RNE, saturating at +-448 (HW: sm_90's
+                          conversion unit, the same bits)
   e4m3_val(code) -> fp32  e4m3fn code -> value
   e4m3_bf16(w, FAST) -> bf16  uint8 e4m3fn codes -> bf16 values (FAST: on the integer and bf16
                           FMA pipes instead of the conversion unit, sm_90 only)
   dot(a, b) -> fp32       bf16 x bf16 -> fp32 tl.dot (fp32 IEEE upcasts under the interpreter)
   dot_fp8(w, xt) -> fp32  e4m3 x e4m3 tl.dot on FP8 tensor cores
-  quant_blocks(v [D], D, BLK) -> (e4m3 values as bf16 [D], fp32 scale [D // BLK])
+  quant_blocks(v [D], D, BLK, HW) -> (e4m3 values as bf16 [D], fp32 scale [D // BLK])
                           per-BLK-group activation quantisation (SGLang's per_token_group_quant)
 
 Why hand-rolled: the Triton 3.8 interpreter truncates fp32 -> bf16, misrounds fp32 -> fp8 and
@@ -76,9 +77,14 @@ def div_rn(a, b):
 
 
 @triton.jit
-def e4m3_bits(x):
+def e4m3_bits(x, HW: tl.constexpr = False):
     """fp32 -> e4m3fn bits (int32 0..255), round to nearest even, saturating at 448 (torch's
-    clamp-then-cast). The interpreter's own fp32->fp8 cast rounds differently, hence the ints."""
+    clamp-then-cast). The interpreter's own fp32->fp8 cast rounds differently, hence the ints.
+    HW (sm_90 only): the conversion unit's `cvt.rn.satfinite` instead, the same bits in a few
+    instructions an element where the integer form takes ~20: a stage's code is fetched from
+    HBM each launch at ~0.25 us a KB (H200, session 21), so its size is time."""
+    if HW and not INTERP:
+        return x.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     bits = x.to(tl.int32, bitcast=True)
     sign = (bits >> 31) & 1
@@ -146,14 +152,14 @@ def e4m3_bf16(w, FAST: tl.constexpr = False):
 
 
 @triton.jit
-def quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr):
+def quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr = False):
     """fp32 [D] (bf16 values) -> (e4m3 values as bf16 [D], fp32 scale per BLK group [D // BLK]):
     SGLang's per-token-group FP8 quantisation (scale = max(amax, 1e-10) / 448, q = x * (1 / s)),
-    done once by the producer of a GEMV's input."""
+    done once by the producer of a GEMV's input. HW: `e4m3_bits`'s sm_90 conversion."""
     v2 = tl.reshape(v, [D // BLK, BLK])
     sxq = div_rn(tl.maximum(tl.max(tl.abs(v2), 1), 1e-10), 448.0)
     inv = div_rn(tl.full([D // BLK], 1.0, tl.float32), sxq)
-    q = e4m3_val(e4m3_bits(v2 * inv[:, None])).to(tl.bfloat16)
+    q = e4m3_val(e4m3_bits(v2 * inv[:, None], HW)).to(tl.bfloat16)
     return tl.reshape(q, [D]), sxq
 
 

@@ -1,0 +1,127 @@
+"""What instruction fetch costs a persistent kernel on one GPU: straight-line code run once.
+
+A monokernel runs each stage's code once a launch, and between launches a weight stream larger
+than the L2 passes through it. This times a kernel of S KB of straight-line SASS (4 independent
+FFMA chains of S / 64 steps, every constant an immediate so nothing folds) on one program per
+resident slot (132 x 4 warps on an H200) by %globaltimer stamps (last program's end minus the
+first one's start), in four cache states, each the median of 22 launches:
+
+  warm     right after the same kernel (its code in the SM instruction caches and the L2)
+  l2       after two other straight kernels of 128 KB (instruction caches evicted, L2 kept)
+  rstream  after a 256 MB read (the L2 turned over by reads, as a layer's weights do)
+  wflush   after a 256 MB write
+
+The code sizes are those the SASS holds (16 bytes an instruction); the cubin is larger (line
+tables). sm_90 only (%globaltimer); a compile of the 128 KB kernel takes ~40 s of one core, so
+the kernels compile in parallel processes first.
+
+Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR
+Prints one line per (size, state) and writes DIR/code_fetch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import triton
+import triton.language as tl
+
+NPROG = 132
+STEPS = (0, 256, 1024, 2048)  # 0, 16, 64, 128 KB
+EVICTORS = ((2048, 100000), (2048, 200000))  # (steps, salt): 128 KB each, other code
+FLUSH_BYTES = 256 << 20
+SAMPLES, SKIP = 25, 3
+
+
+@triton.jit
+def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
+    pid = tl.program_id(0)
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    offs = tl.arange(0, 128)
+    a = tl.load(x_ptr + offs)
+    b = a + 1.0
+    c = a + 2.0
+    d = a + 3.0
+    for i in tl.static_range(N):
+        a = a * (1.0 + (i + SALT) * 1e-7) + 0.25
+        b = b * (1.0 - (i + SALT) * 1e-7) + 0.5
+        c = c * (1.0 + (i + SALT) * 2e-7) - 0.25
+        d = d * (1.0 - (i + SALT) * 2e-7) - 0.5
+    tl.store(o_ptr + pid * 128 + offs, a + b + c + d)
+    t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(t_ptr + pid * 2, t0)
+    tl.store(t_ptr + pid * 2 + 1, t1)
+
+
+def _buffers(torch):
+    x = torch.rand(128, device="cuda")
+    o = torch.zeros(128 * NPROG, device="cuda")
+    t = torch.zeros(2 * NPROG, dtype=torch.int64, device="cuda")
+    return x, o, t
+
+
+def _launch(steps, salt, x, o, t):
+    _straight[(NPROG,)](x, o, t, N=steps, SALT=salt, num_warps=4)
+
+
+def _compile(job):
+    import torch
+
+    _launch(*job, *_buffers(torch))
+    torch.cuda.synchronize()
+    return job
+
+
+def measure(torch, out=print) -> list[dict]:
+    x, o, t = _buffers(torch)
+    big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    before = {
+        "warm": lambda: None,
+        "l2": lambda: [_launch(s, salt, x, o, t) for s, salt in EVICTORS],
+        "rstream": lambda: torch.sum(big.view(torch.int32), dtype=torch.int64),
+        "wflush": lambda: big.fill_(1),
+    }
+    rows = []
+    for steps in STEPS:
+        for state, pre in before.items():
+            spans = []
+            for _ in range(SAMPLES):
+                _launch(steps, 0, x, o, t)
+                pre()
+                _launch(steps, 0, x, o, t)
+                torch.cuda.synchronize()
+                v = t.view(NPROG, 2).cpu()
+                spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
+            r = dict(kb=steps * 64 / 1024, state=state, span_us=statistics.median(spans[SKIP:]))
+            out(f"{r['kb']:6.0f} KB  {state:8s} {r['span_us']:8.2f} us")
+            rows.append(r)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="code-fetch")
+    a = ap.parse_args(argv)
+    import multiprocessing as mp
+
+    import torch
+
+    if not torch.cuda.is_available() or torch.version.hip:
+        print("code_fetch times sm_90 code by %globaltimer: it needs a CUDA GPU", file=sys.stderr)
+        return 2
+    jobs = [(s, 0) for s in STEPS] + list(EVICTORS)
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        pool.map(_compile, jobs)
+    rows = measure(torch)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "code_fetch.json"), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), triton=triton.__version__, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
