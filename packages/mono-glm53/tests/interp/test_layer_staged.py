@@ -132,8 +132,7 @@ def test_plan_knobs_give_the_default_bits():
     """The plan's knobs only move work between programs or regroup loads: down_step (two slots
     a pipelined step), gateup_split (with this shape's bf16 partial sums), qkva_programs with
     index_split (q_a/kv_a spans and the index tiles on disjoint programs, the path the TP8
-    shard's plan takes; this grid is too small for `make_plan` to take it), the gate_up forms,
-    and weights_before_wait (each GEMV span started from a block loaded before its hand-off)
+    shard's plan takes; this grid is too small for `make_plan` to take it) and the gate_up forms
     write the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
@@ -152,8 +151,7 @@ def test_plan_knobs_give_the_default_bits():
     k0, a, ca = run()
     assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(index_tile=32), dict(gateup_bn=16),
-               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2),
-               dict(weights_before_wait=True, qkva_programs=20, index_split=2, oproj_fixup=True)):
+               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw

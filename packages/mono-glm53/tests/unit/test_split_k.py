@@ -94,24 +94,26 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
-    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True}
+    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
-    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True}
-    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True}
+    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True}
+    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
-    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False}
+    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False}
 
 
-def test_knobs_that_do_not_build_for_gfx950_are_refused_there_with_the_rest():
-    """weights_before_wait spills on gfx950 (4 registers, Triton 3.8): refused on a HIP device,
-    beside every other bad knob, and kept elsewhere."""
-    from mono_glm53.kernels.layer import _with_knobs
+def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
+    """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
+    by default there (`isa_options`), off with the knob, and refused on a HIP device beside
+    every other bad knob; off is allowed anywhere."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
 
     s = REAL.tp_shard(8, 0)
-    plan = make_plan(s, 2, True, 264)
-    assert _with_knobs(plan, s, 264, {"weights_before_wait": True}).WBW
-    assert not plan.WBW
-    with pytest.raises(ValueError, match=r"unknown knobs \['mla_stages'\] .known: .*\); down_step 3 is not 1 or 2; "
-                                         r"weights_before_wait spills on gfx950: build without it"):
-        _with_knobs(plan, s, 264, {"weights_before_wait": True, "down_step": 3, "mla_stages": 4}, hip=True)
+    plan = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert plan.HWQ and not _with_knobs(plan, s, 264, {"hw_quant": False}).HWQ
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    assert not _with_knobs(hip, s, 264, {"hw_quant": False}, hip=True).HWQ
+    with pytest.raises(ValueError, match=r"unknown knobs \['weights_before_wait'\] .known: .*\); down_step 3 is not 1 "
+                                         r"or 2; hw_quant is sm_90's conversion unit: on gfx950 build without it"):
+        _with_knobs(hip, s, 264, {"hw_quant": True, "down_step": 3, "weights_before_wait": True}, hip=True)

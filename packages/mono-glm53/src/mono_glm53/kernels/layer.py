@@ -128,6 +128,11 @@ class Plan:
     # producer's quantised input (session 12); the layer with it (H200, session 16, TP8 shard,
     # ctx 4096): 1.06x / 1.05x / 1.00x at 1 / 2 / 8 rows
     XQP: bool = False
+    # the producers' fp32 -> e4m3 roundings by sm_90's conversion unit (`numerics.e4m3_bits`
+    # HW; set per ISA by `isa_options`, off with the knob `hw_quant`) where the integer form
+    # takes ~20 instructions an element: the same bits (mono-common's GPU test of every
+    # rounding boundary), 16 KB less code in addnorm and 6 KB in latent (Triton 3.8)
+    HWQ: bool = False
     # down's slots a step in its pipelined slot loop (DSTG > 0). Two at 8 rows, one below:
     # H200 stamps, session 18 (TP8 shard, ctx 4096): 336.1 -> 321.4 us a layer at 8 rows with
     # the gate_up split of 3, 181.5 -> 186.4 us at 1 row (the w2 kernel)
@@ -142,9 +147,6 @@ class Plan:
     # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
     BNG: int = 0
-    # the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before the hand-offs into
-    # their stages (`weights_before_wait`, a knob)
-    WBW: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -268,11 +270,10 @@ KNOBS = {
     "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores",
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
-    "weights_before_wait": "Plan.WBW, the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before "
-                           "the hand-offs into their stages",
+    "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
 }
 # Knobs timed on the H200 and removed, none faster than the default (results README, session
-# 20; their code is on branch wip/s19-stages): handoff_flag, mla_stages, qkva_fixup, qb_fixup,
+# 20; their code is on branch wip/s19-stages): weights_before_wait (session 21), handoff_flag, mla_stages, qkva_fixup, qb_fixup,
 # norm_in_qkva, gateup_stages, latent_late, down_id_vector
 
 
@@ -344,12 +345,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
     # scores takes 236 -> 244 VGPRs, no spills
     if k.get("hist_in_scores"):
         change["TKF"] = True
-    # gfx950 (Triton 3.8 compile checks, TP8 rank, session 20): 271 VGPRs and 4 spilled with
-    # the three 16 KB blocks held across the hand-offs; sm_90 255 registers, no spills
-    if k.get("weights_before_wait"):
-        if hip:
-            errors.append("weights_before_wait spills on gfx950: build without it")
-        change["WBW"] = True
+    # gfx950's fp32 -> e4m3 cast has not been checked against torch on hardware here
+    if "hw_quant" in k:
+        if k["hw_quant"] and hip:
+            errors.append("hw_quant is sm_90's conversion unit: on gfx950 build without it")
+        change["HWQ"] = bool(k["hw_quant"])
     if "gateup_bn" in k:
         bn = k["gateup_bn"]
         if bn not in (16, 32, 64, 128) or bn > 2 * s.block:
@@ -571,7 +571,7 @@ class GlmLayerKernel:
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                   FASTCVT=fcvt, XQP=xqp)
+                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"])
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1011,7 +1011,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, Plan.FASTCVT and Plan.XQP of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP and HWQ of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1026,11 +1026,17 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
 
     XQP (producer-quantised GEMV inputs) on every sm_90 shape, the same bits as without it
     (1.05-1.06x at 1-2 rows, TP8 shard, H200, session 16); not on gfx950, whose scalar
-    registers it spilled (18 at the TP8 rank, width 2)."""
+    registers it spilled (18 at the TP8 rank, width 2).
+
+    HWQ (the producers' e4m3 roundings on the conversion unit) on every sm_90 shape: the same
+    bits, less code. With the waits' failure path a call (mono-common 0.1.14), it is also what
+    keeps the sm_90 builds at 0 spills under Triton 3.8 (without it TP8 at 8 rows spills 8
+    bytes); under 3.6 they spill 8-12 bytes either way (CHANGELOG 0.3.16). gfx950: its cast is
+    not checked against torch on hardware here."""
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm}
 
 
 def launch_options(device) -> dict:

@@ -80,7 +80,6 @@ from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
-from mono_common.stages.gemv import span_first_w as _span_first_w
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
 from mono_common.stages.mla import mla_partial as stage_mla
@@ -198,21 +197,21 @@ def _si(row, slot: tl.constexpr):
 
 
 @triton.jit
-def _index_quant(x, PLAIN: tl.constexpr):
+def _index_quant(x, PLAIN: tl.constexpr, HW: tl.constexpr = False):
     """FP8 quantisation of one index head / key (fp32 in). PLAIN: SGLang's index-K store and the
     fused index q (s = max(amax, 1e-4) / 448, q = x * (1 / s)); else act_quant with ue8m0
     (s = 2^ceil(log2(max(amax, 1e-4) * (1/448))), q = x / s). Returns (codes, scale)."""
     amax = tl.maximum(tl.max(tl.abs(x), 0), 1e-4)
     if PLAIN:
         s = _div(amax, 448.0)
-        code = _e4m3_bits(x * _div(1.0, s))
+        code = _e4m3_bits(x * _div(1.0, s), HW)
     else:
         # ceil to a power of two on the bits (exp2/log2 lower to approximate instructions)
         r = amax * (1.0 / 448.0)
         b = r.to(tl.int32, bitcast=True)
         b = ((b >> 23) + ((b & 0x7FFFFF) != 0).to(tl.int32)) << 23
         s = b.to(tl.float32, bitcast=True)
-        code = _e4m3_bits(_div(x, tl.zeros_like(x) + s))
+        code = _e4m3_bits(_div(x, tl.zeros_like(x) + s), HW)
     return code, s
 
 
@@ -229,7 +228,8 @@ def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
 
 @triton.jit
 def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
-                  W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
+                  W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
+                  HWQ: tl.constexpr = False):
     # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
     # sum, as SGLang's fused_add_rmsnorm). XQP: also the row quantised per BLK group for the
     # q_a/kv_a GEMV (hnq values, hns scales), the bits its K blocks would otherwise each
@@ -249,7 +249,7 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
             if XQP:
                 # the chunk rows are consecutive in the row, so the flattened tile's BLK groups
                 # are the row's (the masked chunk rows' groups past H // BLK are not stored)
-                q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK)
+                q, qs = _quant_blocks(tl.reshape(_bf16(hn), [4 * HB]), 4 * HB, BLK, HWQ)
                 tl.store(hnq_ptr + m * H + tl.reshape(off, [4 * HB]), q, mask=tl.reshape(cm, [4 * HB]))
                 g = tl.arange(0, 4 * HB // BLK)
                 tl.store(hns_ptr + m * (H // BLK) + g, qs, mask=g < H // BLK)
@@ -268,7 +268,7 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
                 hn = r * rstd * tl.load(w_in_ptr + h0 + c).to(tl.float32)
                 tl.store(hn_ptr + m * H + h0 + c, _rbf(hn))
                 if XQP:
-                    q, qs = _quant_blocks(_bf16(hn), HB, BLK)
+                    q, qs = _quant_blocks(_bf16(hn), HB, BLK, HWQ)
                     tl.store(hnq_ptr + m * H + h0 + c, q)
                     tl.store(hns_ptr + m * (H // BLK) + h0 // BLK + tl.arange(0, HB // BLK), qs)
 
@@ -292,10 +292,7 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0,
-               w0=None):
-    # w0 (Plan.WBW, a measurement knob): the q_a/kv_a span's first weight block, loaded before
-    # the hand-off into this stage (`gemv.span_first_w`)
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0):
     # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
     # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
@@ -315,7 +312,7 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
     if P1 == 0 or pid < P1:
         gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS, BLK,
-                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, w0=w0)
+                  PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
     # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
     ip, inp = _index_programs(pid, nprog, P1)
     if P1 == 0 or ip >= 0:
@@ -346,7 +343,8 @@ def stage_latent(pid, nprog, row,
                  NQKV: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr, PG: tl.constexpr,
                  KS1: tl.constexpr, KSI: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
+                 HWQ: tl.constexpr = False):
     # GS: the split partials' loads in flight at once in the narrow sums (`sum_slots` GROUP; 0
     # on gfx950, whose SGPRs they spilled). Three small parts per row (tiles t = part * W + m), each its own loop loading its own
     # pointers from the table: one loop over every part keeps what each part hoists (pointers,
@@ -362,7 +360,7 @@ def stage_latent(pid, nprog, row,
         qn = _rmsnorm_vec(q, wqa_ptr, QL, eps)
         tl.store(qn_ptr + m * QL + tl.arange(0, QL), _rbf(qn))
         if XQP:  # the q_b / index wq_b GEMVs' input quantised once (as stage_addnorm's)
-            qq, qs = _quant_blocks(_bf16(qn), QL, BLK)
+            qq, qs = _quant_blocks(_bf16(qn), QL, BLK, HWQ)
             tl.store(_p(row, P.QNQ, tl.bfloat16) + m * QL + tl.arange(0, QL), qq)
             tl.store(_p(row, P.QNS, tl.float32) + m * (QL // BLK) + tl.arange(0, QL // BLK), qs)
     for t in range(_first_tile(pid, nprog, W), 2 * W, nprog):
@@ -421,7 +419,7 @@ def stage_latent(pid, nprog, row,
                 tl.store(sp + d, kk)
                 tl.debug_barrier()
                 kk = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
-            code, sc = _index_quant(kk, True)
+            code, sc = _index_quant(kk, True, HWQ)
             loc = tl.load(_p(row, P.LOC, tl.int64) + m)
             if loc >= 0:
                 page = loc // PG
@@ -437,12 +435,11 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False, w0=None):
+             tkh_ptr=None, TKF: tl.constexpr = False):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's). w0 (Plan.WBW): the
-    # q_b span's first weight block, loaded before the hand-off into this stage
+    # holds the quantised values and qns_ptr their scales (stage_latent's)
     gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr, XQP,
-              DOT=DOTF, w0=w0)
+              DOT=DOTF)
     if INDEXER:
         gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
                   qns_ptr, XQP, DOT=DOTF)
@@ -459,7 +456,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
                  RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
                  KS3: tl.constexpr, KSQ: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, HWQ: tl.constexpr = False):
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -526,7 +523,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
             qq = tl.load(sp + d)
             if HADAMARD:
                 qq = _bf16(_hadamard(sp, ID, hscale))
-            code, sc = _index_quant(qq, IDX_FUSED)
+            code, sc = _index_quant(qq, IDX_FUSED, HWQ)
             tl.store(iq8_ptr + (m * IH + g) * ID + d, _e4m3_val(code))
             wr = tl.load(iwraw_ptr + m * IH + g)
             tl.store(iwt_ptr + m * IH + g, ((wr * iwa) * sc) * iwb)
@@ -628,13 +625,12 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
 def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
                 W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, KO: tl.constexpr,
                 BNS: tl.constexpr, BLK: tl.constexpr, PER9: tl.constexpr, DOTF: tl.constexpr,
-                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0, w0=None):
+                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
     # KSF > 0 (Plan.FIX9, a measurement knob): each column tile's last span sums its KSF slots
     # into slot 0 (`gemv.span_fixup`), so postnorm reads one (a one-rank postnorm's row
-    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18).
-    # w0 (Plan.WBW): the span's first weight block, loaded before the hand-off into this stage
+    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18)
     gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF,
-              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF, w0=w0)
+              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF)
 
 
 @triton.jit
@@ -719,7 +715,7 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
 @triton.jit
 def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
-                 BNR: tl.constexpr, BLK: tl.constexpr, KSR: tl.constexpr):
+                 BNR: tl.constexpr, BLK: tl.constexpr, KSR: tl.constexpr, HWQ: tl.constexpr = False):
     """Router logits (bf16 GEMV, split-K), and h2 quantised for gate_up (h2q, h2s:
     `_quant_blocks`), one (row, block) an item, dealt from the last program down: the router's
     few tiles fill the first programs, and the norm stage, where only a row's program could do
@@ -732,7 +728,7 @@ def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
     for i in range(nprog - 1 - pid, W * NB, nprog):
         m = i // NB
         b0 = (i % NB) * BLK
-        q, qs = _quant_blocks(tl.load(h2_ptr + m * H + b0 + kb).to(tl.float32), BLK, BLK)
+        q, qs = _quant_blocks(tl.load(h2_ptr + m * H + b0 + kb).to(tl.float32), BLK, BLK, HWQ)
         tl.store(h2q_ptr + m * H + b0 + kb, q)
         tl.store(h2s_ptr + m * NB + b0 // BLK + tl.arange(0, 1), qs)
 
@@ -940,6 +936,8 @@ def layer_kernel(
     # tensor parallel: R ranks (1: one rank, or a shard run alone), RP2 >= R a power of two,
     # ARB the column block of all-reduce point 1
     R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr, XQP: tl.constexpr,
+    # fp32 -> e4m3 by sm_90's conversion unit (Plan.HWQ)
+    HWQ: tl.constexpr,
     # mode (SIM: R simulated ranks in one launch, row r of ptab each)
     FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr, CLOCK: tl.constexpr,
     FAULT: tl.constexpr, SIM: tl.constexpr = False,
@@ -956,9 +954,6 @@ def layer_kernel(
     # the top-k's first radix pass in the index scores (Plan.TKF), gate_up's MMA form and
     # column tile (Plan.GDOT, BNG: 0 the default BN): measurement knobs
     TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
-    # the q_a/kv_a, q_b and o_proj spans' first weight blocks loaded before the hand-offs into
-    # their stages (Plan.WBW, a measurement knob)
-    WBW: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1009,21 +1004,14 @@ def layer_kernel(
     if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
-                      _p(row, P.HNS, f32), W, H, HB, BLK, XQP)
+                      _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ)
     if FIRST <= 1 and LAST >= 1:
-        # WBW: weights do not depend on activations, so each GEMV stage's first weight block
-        # is requested before the hand-off that gates its input, and is in flight while the
-        # program waits (16 KB a program at 128-column tiles)
-        if WBW:
-            w0 = _span_first_w(pid, _p(row, P.WQKV, u8), NQKV, H, BNS, BLK, PER1, FMT_FP8, ok)
-        else:
-            w0 = None
         ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
-                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1, w0)
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
     if FUSED and FIRST == 0:
         _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
         if INDEXER:
@@ -1034,12 +1022,8 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
-                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP)
+                         KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
     if FIRST <= 3 and LAST >= 3:
-        if WBW:
-            w0 = _span_first_w(pid, _p(row, P.WQB, u8), NQB, QL, BNS, BLK, PER3, FMT_FP8, ok)
-        else:
-            w0 = None
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
                        CLOCK, FAULT)
@@ -1047,7 +1031,7 @@ def layer_kernel(
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.TKH, i32) if TKF else None, TKF, w0)
+                     _p(row, P.TKH, i32) if TKF else None, TKF)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1058,7 +1042,7 @@ def layer_kernel(
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
-                         MLA_NEOX, IDX_NEOX, GS)
+                         MLA_NEOX, IDX_NEOX, GS, HWQ)
     if FUSED and FIRST == 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
@@ -1123,17 +1107,13 @@ def layer_kernel(
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
-        if WBW:
-            w0 = _span_first_w(pid, _p(row, P.WO, u8), H, NH * VD, BNS, BLK, PER9, FMT_FP8, ok)
-        else:
-            w0 = None
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
                        CLOCK, FAULT)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
-                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0, w0)
+                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0)
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
@@ -1151,7 +1131,7 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
-                         _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR)
+                         _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
@@ -1169,7 +1149,7 @@ def layer_kernel(
                        CLOCK, FAULT)
         if ok:
             stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
-                       _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK)
+                       _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
