@@ -3,7 +3,8 @@ replaced by a fake that records its launches and can write a guard error word as
 launch would: a stopped launch raises before its outputs are used, the next launch refuses
 until `recover()`, a server refuses report mode, inputs that disagree with the step are
 refused, the cooperative launch is decided by capability and never by a caught exception,
-and a grid that cannot be co-resident is refused before it launches."""
+a grid that cannot be co-resident is refused before it launches, and a launch's plan is the
+one `tests/compile` builds (`variant_constexprs`)."""
 
 from __future__ import annotations
 
@@ -189,3 +190,17 @@ def test_a_plain_launch_of_a_grid_that_cannot_be_co_resident_is_refused(monkeypa
     with pytest.raises(RuntimeError, match="cannot be co-resident"):
         k.launch(caches, "fused")
     assert fake.calls == [], "refused before it launched"
+
+
+def test_a_launch_passes_the_plan_the_compile_checks_build(monkeypatch, fake):
+    # tests/compile checks `variant_constexprs` (the plan with `isa_options`); a launch must run
+    # that plan. Session 21: HWQ was set in isa_options but not read by the kernel object, so
+    # the H200 ran a plan the compile checks never built.
+    k, inputs, caches, hidden = _kernel(monkeypatch)
+    k.set_inputs(hidden, hidden, inputs)
+    k.launch(caches, "fused")
+    _, kw = fake.calls[-1]
+    want = layer.variant_constexprs(tiny(), 2, True, 2, "sm_90")
+    fields = [f.name for f in dataclasses.fields(layer.Plan)]
+    assert {n: kw[n] for n in fields} == {n: want[n] for n in fields}
+    assert kw["HWQ"] and kw["XQP"]
