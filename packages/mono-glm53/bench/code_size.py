@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import os
 import re
@@ -78,32 +77,25 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import triton
 
-    from mono_common.compilecheck import compile_kernel
+    from mono_common.compilecheck import nvidia_tool
     from mono_glm53.config import REAL
     from mono_glm53.kernels import layer as L
     from mono_glm53.kernels import stages as S
-    from mono_glm53.spec import RESIDENT_BLOCKS
 
     tp = int(a.shape[2:])
     s = REAL.tp_shard(tp, 0) if tp > 1 else REAL
-    nprog = RESIDENT_BLOCKS["sm_90"] * L.PROGRAMS_PER_SM["cuda"]
-    ce = L.variant_constexprs(s, a.width, True, nprog, "sm_90", world=tp)
     knobs = json.loads(a.knobs)
-    if knobs:
-        plan = L.Plan(**{f.name: ce[f.name] for f in dataclasses.fields(L.Plan)})
-        ce.update(L._with_knobs(plan, s, nprog, knobs).constexprs())
-    res = compile_kernel(S.layer_kernel, L.kernel_signature(), ce, "sm_90", num_warps=L.NUM_WARPS, num_stages=3,
-                         pointer_align=16, amd_buffer_ops=False, maxnreg=L.MAXNREG_SM)
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    res = L.compile_variant(s, a.width, True, "sm_90", world=tp, knobs=knobs)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(res.asm["cubin"])
         f.flush()
-        dis = subprocess.run([nvdisasm, "-gi", "-c", f.name], capture_output=True, text=True, check=True).stdout
+        dis = subprocess.run([nvidia_tool("nvdisasm"), "-gi", "-c", f.name], capture_output=True, text=True,
+                             check=True).stdout
     src = open(S.__file__).read()
     start, blocks = stage_blocks(src, S.STAGE_NAMES)
     size = attribute(dis, os.path.basename(S.__file__), start, blocks)
     if a.json:
-        print(json.dumps({k: v for k, v in size.items()}))
+        print(json.dumps(size))
         return 0
     total = sum(size.values())
     print(f"{a.shape} width {a.width} knobs {knobs}: {total / 1024:.1f} KB of sm_90 SASS, {res.registers} registers, "

@@ -124,11 +124,13 @@ def _ast_source(fn, signature: Mapping[str, str], constexprs: Mapping[str, Any],
         return ASTSource(fn, {k: v for k, v in sig.items() if k not in constexprs}, idx)
 
 
-def _ptxas_path() -> str:
+def nvidia_tool(name: str) -> str:
+    """Path of one of the CUDA tools Triton bundles ("ptxas", "nvdisasm", "cuobjdump"): Triton's
+    knob for it, else its own lookup, else its backend's bin folder."""
     try:
         from triton import knobs
 
-        p = knobs.nvidia.ptxas.path
+        p = getattr(knobs.nvidia, name).path
         if p:
             return p
     except Exception:
@@ -136,14 +138,14 @@ def _ptxas_path() -> str:
     try:
         from triton.backends.nvidia.compiler import _path_to_binary
 
-        return _path_to_binary("ptxas")[0]
+        return _path_to_binary(name)[0]
     except Exception:
         pass
     import triton
 
-    hits = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+    hits = glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name))
     if not hits:
-        raise RuntimeError("no ptxas found in the Triton installation")
+        raise RuntimeError(f"no {name} found in the Triton installation")
     return hits[0]
 
 
@@ -154,7 +156,7 @@ def _ptxas_resources(ptx: str) -> dict[str, int]:
         src = os.path.join(d, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        out = subprocess.run([_ptxas_path(), f"-arch={arch}", "-v", src, "-o", os.path.join(d, "k.cubin")],
+        out = subprocess.run([nvidia_tool("ptxas"), f"-arch={arch}", "-v", src, "-o", os.path.join(d, "k.cubin")],
                              capture_output=True, text=True, check=True)
     text = out.stdout + out.stderr
     regs = re.search(r"Used (\d+) registers", text)

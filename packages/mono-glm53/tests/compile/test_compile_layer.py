@@ -18,8 +18,8 @@ import re
 
 import pytest
 
-from mono_common.compilecheck import compile_kernel, format_resources
-from mono_glm53.kernels.layer import MAXNREG_SM, NUM_WARPS, PROGRAMS_PER_SM
+from mono_common.compilecheck import format_resources
+from mono_glm53.kernels.layer import PROGRAMS_PER_SM
 from mono_glm53.spec import RESIDENT_BLOCKS
 
 # (shape name, tp_size of the shape, world of the launch)
@@ -28,8 +28,6 @@ ISAS = ("sm_90", "gfx950")
 PER_SM = {"sm_90": PROGRAMS_PER_SM["cuda"], "gfx950": PROGRAMS_PER_SM["hip"]}
 GRID = {isa: RESIDENT_BLOCKS[isa] * PER_SM[isa] for isa in PER_SM}
 LIMIT = {"sm_90": 227 * 1024, "gfx950": 160 * 1024}
-STAGES = {"sm_90": 3, "gfx950": 2}  # Triton's launch defaults (the layer launch passes none)
-OPTIONS = {"sm_90": {"maxnreg": MAXNREG_SM}, "gfx950": {}}  # layer.launch_options
 
 def _served():
     from mono_glm53.spec import WIDTHS_BY_TP
@@ -38,17 +36,6 @@ def _served():
 
 
 VARIANTS = _served()
-
-_SIG = {}
-
-
-def _sig():
-    if not _SIG:
-        from mono_glm53.kernels.layer import kernel_signature
-
-        _SIG.update(kernel_signature())
-    return _SIG
-
 
 def _shape(name):
     from mono_glm53.config import REAL
@@ -63,12 +50,9 @@ _RES = {}
 def _compile(isa, sname, width, indexer):
     key = (isa, sname, width, indexer)
     if key not in _RES:
-        from mono_glm53.kernels.layer import variant_constexprs
-        from mono_glm53.kernels.stages import layer_kernel
+        from mono_glm53.kernels.layer import compile_variant
 
-        ce = variant_constexprs(_shape(sname), width, indexer, GRID[isa], isa, world=SHAPES[sname][1])
-        _RES[key] = compile_kernel(layer_kernel, _sig(), ce, isa, num_warps=NUM_WARPS, num_stages=STAGES[isa],
-                                   pointer_align=16, amd_buffer_ops=False, **OPTIONS[isa])
+        _RES[key] = compile_variant(_shape(sname), width, indexer, isa, world=SHAPES[sname][1])
     return _RES[key]
 
 

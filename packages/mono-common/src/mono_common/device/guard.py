@@ -166,9 +166,10 @@ def fail(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr,
 
 
 # sm_90 (CLOCK 0): the cold path as a real call. Inlined, it is ~2.5 KB of SASS after every
-# wait, fetched with the hot code around it, and a launch fetches its code from HBM at ~0.25 us
-# a KB (H200 probe, session 21); a call there kept the layer at 0 spills (gfx950 keeps it
-# inlined, see `fail`).
+# wait, laid out between the hot blocks: the GLM-5.3 layer's hand-offs took ~1.05 us each with
+# it inlined, ~0.72 us as a call (H200, session 21). The call costs registers (that layer: 8-12
+# spilled bytes under Triton 3.6, none under 3.8 with its HWQ); gfx950 keeps it inlined (see
+# `fail`).
 @triton.jit(noinline=True)
 def _fail_call(abort_val, observed, expected, lane, waited, stamp, abort_tab, err_ptr, rank, program, stage,
                NRANK: tl.constexpr, FAULT: tl.constexpr):

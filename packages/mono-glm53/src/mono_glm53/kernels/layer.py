@@ -272,9 +272,10 @@ KNOBS = {
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
     "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
 }
-# Knobs timed on the H200 and removed, none faster than the default (results README, session
-# 20; their code is on branch wip/s19-stages): weights_before_wait (session 21), handoff_flag, mla_stages, qkva_fixup, qb_fixup,
-# norm_in_qkva, gateup_stages, latent_late, down_id_vector
+# Knobs timed on the H200 and removed, none faster than the default (results README): session
+# 20's, their code on branch wip/s19-stages: handoff_flag, mla_stages, qkva_fixup, qb_fixup,
+# norm_in_qkva, gateup_stages, latent_late, down_id_vector; session 21's, its code in commit
+# 3f5b139: weights_before_wait
 
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
@@ -1121,3 +1122,28 @@ def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, 
     ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0, SIM=False,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce
+
+
+# Triton's launch defaults per ISA (the layer launch passes none)
+LAUNCH_NUM_STAGES = {"sm_90": 3, "gfx950": 2}
+
+
+def compile_variant(s: GlmLayerShape, width: int, indexer: bool, isa: str, world: int = 1,
+                    knobs: dict[str, object] | None = None):
+    """The fused variant compiled on the CPU for `isa` as a launch there compiles it
+    (`mono_common.compilecheck.Resources`): a grid of `spec.RESIDENT_BLOCKS` x `PROGRAMS_PER_SM`
+    programs, 16-byte aligned pointers, the launch's num_stages, no AMD buffer ops
+    (`_codegen_scope`), maxnreg on sm_90 (`launch_options`); knobs as GlmLayerKernel's."""
+    from mono_common.compilecheck import compile_kernel
+    from mono_glm53.kernels.stages import layer_kernel
+    from mono_glm53.spec import RESIDENT_BLOCKS
+
+    sm = isa.startswith("sm")
+    nprog = RESIDENT_BLOCKS[isa] * PROGRAMS_PER_SM["cuda" if sm else "hip"]
+    ce = variant_constexprs(s, width, indexer, nprog, isa, world=world)
+    if knobs:
+        plan = Plan(**{f.name: ce[f.name] for f in dataclasses.fields(Plan)})
+        ce.update(_with_knobs(plan, s, nprog, knobs, hip=not sm).constexprs())
+    return compile_kernel(layer_kernel, kernel_signature(), ce, isa, num_warps=NUM_WARPS,
+                          num_stages=LAUNCH_NUM_STAGES[isa], pointer_align=16, amd_buffer_ops=False,
+                          **({"maxnreg": MAXNREG_SM} if sm else {}))
