@@ -38,6 +38,19 @@ def test_gemv_entry_compiles_without_spills(target, case, record_property):
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
 
 
+def test_gemv_entry_with_the_next_set_requested_ahead_compiles_without_spills(record_property):
+    """bench variant s128fqn (PFN, sm_90 only): the layer's q_a/kv_a form with each weight set's
+    successor requested into the L2 first; the prefetches are in the PTX."""
+    ce = dict(N=2624, K=6144, W=1, BM=16, BN=128, BLK=128, KS=1, PER=4, SLOTS=8, SPAN=True, FMT=1, XQ=True,
+              PRE=False, DOT=2, BAR=True, AMD=False, PFN=True)
+    res = cc.compile_kernel(gemv_entry, GEMV_SIG, ce, "sm_90", num_warps=4, pointer_align=16,
+                            num_stages=STAGES["sm_90"], amd_buffer_ops=False)
+    record_property("resources", cc.format_resources(res))
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
+    assert "prefetch.global.L2" in res.asm["ptx"]
+
+
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
 def test_gemv_span_fixup_compiles_without_spills(target, record_property):
     """The layer's q_a/kv_a form with its column tiles summed by their last span (FIX)."""
@@ -52,8 +65,8 @@ def test_gemv_span_fixup_compiles_without_spills(target, record_property):
 
 SMALL = [
     ("topk", "topk_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32", "tkh_ptr": "*i32",
-                            "tkc_ptr": "*i32", "topk_ptr": "*i32", "nck": "i32"},
-     [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)]),
+                            "tkc_ptr": "*i32", "topk_ptr": "*i32", "nck": "i32", "pass_rt": "i32"},
+     [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)] + [dict(W=8, TOPK=2048, STAGE=1, RT=True)]),
     ("topk_first", "topk_first_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32",
                                         "tkh_ptr": "*i32"}, [dict(W=8, TOPK=2048, TB=64)]),
     ("routing", "routing_entry", {"lg_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "used_ptr": "*i32",

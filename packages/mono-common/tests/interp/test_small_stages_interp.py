@@ -13,17 +13,19 @@ from mono_common.ref.routing import biased_topk  # noqa: E402
 from mono_common.stages import small_host as H  # noqa: E402
 
 
-@pytest.mark.parametrize("first_tile", [0, 64], ids=["own-stage", "first-pass-by-producer"])
+@pytest.mark.parametrize("first_tile,rt", [(0, False), (64, False), (0, True)],
+                         ids=["own-stage", "first-pass-by-producer", "runtime-pass"])
 @pytest.mark.parametrize("lens", [(700, 40, 300, 1), (256, 257, 512, 33)], ids=["long-short", "chunk-edges"])
-def test_radix_topk_selects_the_top_k_set(lens, first_tile):
+def test_radix_topk_selects_the_top_k_set(lens, first_tile, rt):
     """The top-k set, above-threshold keys then ties in index order; with the first radix
-    pass run by the scores' producer (`topk_hist_first`, tiles of 64) the same."""
+    pass run by the scores' producer (`topk_hist_first`, tiles of 64), and with each pass's
+    number a runtime value (`topk_hist` RT), the same."""
     k = 128
     g = torch.Generator().manual_seed(sum(lens))
     L = max(lens)
     scores = torch.randn(len(lens), L, generator=g)  # distinct values: the set is unique
     seqlen = torch.tensor(lens, dtype=torch.int32)
-    got = H.run_topk(scores, seqlen, k, nprog=3, first_tile=first_tile)
+    got = H.run_topk(scores, seqlen, k, nprog=3, first_tile=first_tile, rt=rt)
     for m, n in enumerate(lens):
         row = got[m]
         if n <= k:
@@ -56,7 +58,7 @@ def test_radix_topk_in_buffers_wider_than_the_rows_touches_only_the_rows():
     tkc = torch.full((W + 1, nck, 2), -5, dtype=torch.int32)
     topk = torch.full((W + 1, k), -7, dtype=torch.int32)
     for stage in range(6):
-        topk_entry[(3,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, W=W, TOPK=k, STAGE=stage)
+        topk_entry[(3,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, stage, W=W, TOPK=k, STAGE=stage)
     for m, n in enumerate(lens):
         if n <= k:
             assert topk[m].tolist() == list(range(n)) + [-1] * (k - n)

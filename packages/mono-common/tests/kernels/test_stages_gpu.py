@@ -38,6 +38,28 @@ def test_fp8_gemv_on_gpu(shape, rows, kw):
         assert rel < BOUND[kw.get("dot", 0)], (li, rel)
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows):
+    """A plan with l2_ahead (each weight set's successor requested into the L2 before the set
+    runs: bench variant s128fqn) writes the plain launch's partials bit for bit over 3 sets."""
+    import dataclasses
+
+    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
+
+    n, k = 2624, 6144
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    w = (torch.randn(3, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(3, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
+    x = torch.randn(rows, k, generator=g, device="cuda").to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
+    outs = []
+    for p in (plan, dataclasses.replace(plan, l2_ahead=True)):
+        out = alloc_out(p, 3, "cuda")
+        launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("shape", [(2624, 6144), (6144, 2048)], ids=["2624x6144", "6144x2048"])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_span_fixup_on_gpu_gives_the_slot_order_sum(shape, rows):

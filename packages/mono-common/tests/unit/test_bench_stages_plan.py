@@ -1,6 +1,7 @@
 """`mono bench stages` on the CPU: its arguments, the plan of cases they make, the input sets
 that rotate past the L2, the rows it prints and the expert stage's hook (no GPU, no kernel)."""
 
+import dataclasses
 import sys
 import types
 
@@ -22,6 +23,10 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     # s128fq with each hand-off form: the plan is the same, only the hand-off differs
     assert {k: v for k, v in B.GEMV_VARIANTS["s128fqh"].items() if k != "hflag"} == B.GEMV_VARIANTS["s128fq"]
     assert B.variant_plan("s128fqh", 2624, 6144, 1, 264) == B.variant_plan("s128fq", 2624, 6144, 1, 264)
+    # s128fqn: s128fq's tiling, each weight set's successor requested into the L2 ahead
+    ahead, xq = B.variant_plan("s128fqn", 2624, 6144, 1, 264)
+    assert ahead.l2_ahead and xq and ahead == dataclasses.replace(B.variant_plan("s128fq", 2624, 6144, 1, 264)[0],
+                                                                  l2_ahead=True)
     assert {(j.shape, j.rows) for j in by["topk"]} == {((n, 2048), r) for n in (4096, 65536, 200000) for r in (1, 8)}
     assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16")}
     heads, latent, rope, selected, ctx, page = B.MLA_SHAPE

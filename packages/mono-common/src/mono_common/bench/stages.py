@@ -60,6 +60,9 @@ GEMV_VARIANTS = {
     # session 14: 0.2-0.7 us slower than s128f / s128fq at every shape and row count
     "s128fl": dict(bn=128, span=True, num_warps=4, dot=2, lstg=3),
     "s128fql": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, lstg=3),
+    # s128fq with each weight set's successor requested into the L2 before the set runs, as a
+    # layer requests its stages' weights ahead (issue 19): the HBM streams through the hand-offs
+    "s128fqn": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=True),
     "s256fq": dict(bn=256, span=True, num_warps=8, dot=2, xq=True),
     "s256fq4": dict(bn=256, span=True, num_warps=4, dot=2, xq=True),
 }
@@ -175,7 +178,7 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         xin, xs = q.to(torch.bfloat16), xs.contiguous()
     row = dict(stage="gemv_fp8", shape=f"{n}x{k}", rows=rows, variant=job.variant, nprog=job.nprog,
                grid=plan.nprog, BN=plan.BN, KS=plan.KS, PER=plan.PER, span=plan.span, pre=plan.pre,
-               warps=plan.num_warps, dot=plan.dot, xq=xq, handoff="flag" if hflag else "counter", L=L,
+               warps=plan.num_warps, dot=plan.dot, xq=xq, l2_ahead=plan.l2_ahead, handoff="flag" if hflag else "counter", L=L,
                rotated_bytes=L * (n * k + s[0].numel() * 4))
     _floor(row, n * k + s[0].numel() * 4, ceiling)
     out = alloc_out(plan, L, dev)

@@ -26,10 +26,11 @@ import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
-from mono_common.stages.gemv import gemv_span, gemv_tile
+from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
+from mono_common.stages.prefetch import prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
 from mono_common.stages.topk import tk_locate, tk_rows, tk_tiles, topk_count, topk_hist, topk_hist_first, topk_write
@@ -54,11 +55,16 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                BN: tl.constexpr, BLK: tl.constexpr, KS: tl.constexpr, PER: tl.constexpr,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
                PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
-               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False):
+               LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False,
+               PFN: tl.constexpr = False):
+    # PFN (sm_90): each weight set's next set (weights and scales) requested into the L2 before
+    # the set is computed, as a layer requests a stage's weights ahead (`stages.prefetch`), so
+    # the HBM streams across the hand-offs and a set's own loads hit the L2
     # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
     # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
     # [nprog]: all zero before the first launch, never reset (graph replays count on)
     # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
+    tl.static_assert(not (PFN and AMD), "PFN is sm_90's L2 prefetch instruction")
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     T: tl.constexpr = ((N + BN - 1) // BN) * KS
@@ -73,6 +79,10 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     if FIX:
         epoch = epoch_begin(fix_ptr + L * NTF + pid)
     for li in range(L):
+        if PFN:
+            if li + 1 < L:
+                prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
+                prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, True)
         if SPAN:
             gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
                       FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
@@ -91,12 +101,16 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
 
 
 @triton.jit
-def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
-               W: tl.constexpr, TOPK: tl.constexpr, STAGE: tl.constexpr):
+def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, pass_rt,
+               W: tl.constexpr, TOPK: tl.constexpr, STAGE: tl.constexpr, RT: tl.constexpr = False):
+    # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE < 4:
-        topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, STAGE)
+        if RT:
+            topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, pass_rt, True)
+        else:
+            topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, STAGE)
     elif STAGE == 4:
         topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True)
     else:

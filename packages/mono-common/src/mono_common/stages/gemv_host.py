@@ -36,6 +36,8 @@ class GemvPlan:
     num_warps: int = 4
     dot: int = 0  # stages.gemv DOT_XW (0), DOT_WX (1), DOT_WX_FP8 (2)
     lstg: int = 0  # k-loops pipelined this deep, every load (0: Triton's default, MMA operands)
+    # each weight set's successor requested into the L2 before the set runs (sm_90; `launch_gemv`)
+    l2_ahead: bool = False
 
     @property
     def BM(self) -> int:
@@ -49,7 +51,7 @@ class GemvPlan:
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
              pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
-             lstg: int = 0) -> GemvPlan:
+             lstg: int = 0, l2_ahead: bool = False) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
@@ -59,12 +61,12 @@ class GemvPlan:
         nkb = K // blk
         if span:
             return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot,
-                            lstg)
+                            lstg, l2_ahead)
         if ks is None:
             ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
             raise ValueError(f"split-K {ks} does not divide the {nkb} K blocks")
-        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot, lstg)
+        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot, lstg, l2_ahead)
 
 
 def alloc_out(plan: GemvPlan, L: int, device):
@@ -86,7 +88,10 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
     barrier a grid hand-off after each, `entries.grid_handoff` or with flag
     `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words). fixup (span plans): each
     column tile's last span sums its partials into slot 0 (`gemv.span_fixup`); True, or the
-    int32 buffer of `fixup_words` words (zero before its first launch) that launches reuse."""
+    int32 buffer of `fixup_words` words (zero before its first launch) that launches reuse.
+    plan.l2_ahead requests set l + 1 into the L2 before set l runs, on an NVIDIA GPU only
+    (`stages.prefetch`: no such instruction elsewhere, and nothing to prefetch into under the
+    interpreter); the results are the same."""
     import torch
 
     from mono_common.stages.entries import gemv_entry
@@ -121,7 +126,9 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
         FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
-        fix_ptr=fix, FIX=fix is not None, num_warps=plan.num_warps, **coop)
+        fix_ptr=fix, FIX=fix is not None,
+        PFN=plan.l2_ahead and x.device.type == "cuda" and torch.version.hip is None,
+        num_warps=plan.num_warps, **coop)
     return out
 
 

@@ -34,20 +34,40 @@ TKH_ROW = tl.constexpr(4 * 256)
 
 
 @triton.jit
+def _prefix_digit(hb, ps, thr, need):
+    """Pass ps's digit of the threshold from histogram ps at hb: the largest digit whose suffix
+    count (keys with that digit or more among the prefix's keys) still reaches the `need` keys
+    left to place. Returns (thr with the digit set, need less the keys above it)."""
+    dig = tl.arange(0, 256)
+    hist = tl.load(hb + ps * 256 + dig)
+    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+    b = tl.max(tl.where(suffix >= need, dig, 0), 0)
+    need -= tl.sum(tl.where(dig > b, hist, 0), 0)
+    return thr | (b.to(tl.int64) << (24 - 8 * ps)), need
+
+
+@triton.jit
 def tk_prefix(hb, TOPK: tl.constexpr, PASSES: tl.constexpr):
     """The threshold's top PASSES digits (8 bits each, from the top), from the row's first
     PASSES histograms at hb (every program derives the same value from the same complete
-    histograms). Per pass the digit is the largest whose suffix count (keys with that digit or
-    more among the prefix's keys) still reaches the keys left to place."""
-    dig = tl.arange(0, 256)
+    histograms), one `_prefix_digit` a pass."""
     thr = tl.full([], 0, tl.int64)
     need = tl.full([], TOPK, tl.int32)
     for ps in tl.static_range(PASSES):
-        hist = tl.load(hb + ps * 256 + dig)
-        suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-        b = tl.max(tl.where(suffix >= need, dig, 0), 0)
-        need -= tl.sum(tl.where(dig > b, hist, 0), 0)
-        thr = thr | (b.to(tl.int64) << (24 - 8 * ps))
+        thr, need = _prefix_digit(hb, ps, thr, need)
+    return thr
+
+
+@triton.jit
+def tk_prefix_rt(hb, TOPK: tl.constexpr, passes):
+    """`tk_prefix` of a runtime count of digits, 0..3 (`topk_hist` RT: pass `passes` needs the
+    digits before it): each digit's step guarded by the count. As a loop over the count, ptxas
+    spilled 4 bytes in the standalone entry (sm_90, Triton 3.8)."""
+    thr = tl.full([], 0, tl.int64)
+    need = tl.full([], TOPK, tl.int32)
+    for ps in tl.static_range(3):
+        if ps < passes:
+            thr, need = _prefix_digit(hb, ps, thr, need)
     return thr
 
 
@@ -87,12 +107,14 @@ def tk_locate(t, rows, ns, first, cnt):
 
 @triton.jit
 def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
-                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS: tl.constexpr):
+                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS, RT: tl.constexpr = False):
     """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
     of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
-    row per tile, added into the row's histogram PASS (integer atomics: any order, same sum)."""
+    row per tile, added into the row's histogram PASS (integer atomics: any order, same sum).
+    PASS is a constexpr unless RT: then a runtime value (the passes as one loop over one copy
+    of this code, `tk_prefix_rt`), the same integers."""
     if INDEXER:
-        shift: tl.constexpr = 24 - 8 * PASS
+        shift = 24 - 8 * PASS
         rows, ns = tk_rows(seqlen_ptr, W)
         cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
         first, total = tk_tiles(rows, cnt)
@@ -100,7 +122,10 @@ def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
             m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
             hb = tkh_ptr + m * TKH_ROW
-            thr = tk_prefix(hb, TOPK, PASS)
+            if RT:
+                thr = tk_prefix_rt(hb, TOPK, PASS)
+            else:
+                thr = tk_prefix(hb, TOPK, PASS)
             inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
             match = inb & ((key >> (shift + 8)) == (thr >> (shift + 8)))
             _hist_add(hb + PASS * 256, ((key >> shift) & 255).to(tl.int32), match)
