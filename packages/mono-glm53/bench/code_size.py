@@ -27,18 +27,23 @@ _INSN = re.compile(r"\s*/\*([0-9a-f]{4,})\*/")
 _FRAME = re.compile(r'"([^"]+)", line (\d+)')
 _BLOCK = re.compile(r"\s*(?:el)?if FIRST <= (\d+) and LAST >= \1")
 _LOOP = re.compile(r"\s*for s in tl\.static_range\((\d+), (\d+)\)")
+# the radix passes' runtime loop (Plan.TKL) sits in the `if TKL:` branch before their unrolled form
+_TKL = re.compile(r"\s*if TKL:")
 
 
 def stage_blocks(stages_src: str, names) -> tuple[int, list[tuple[int, str]]]:
     """(first line of layer_kernel's body, [(line, stage name)] where each stage's block starts),
     1-based lines of `stages_src`; a `for s in tl.static_range(a, b)` over stages (the top-k's
-    radix passes) is one block named after its first and last stage."""
+    radix passes, and their runtime loop in the `if TKL:` before it) is one block named after
+    its first and last stage."""
     lines = stages_src.split("\n")
     start = next(i for i, line in enumerate(lines) if line.startswith("def layer_kernel")) + 1
     blocks = []
     for i in range(start, len(lines)):
         if m := _BLOCK.match(lines[i]):
             blocks.append((i + 1, names[int(m.group(1))]))
+        elif _TKL.match(lines[i]):
+            blocks.append((i + 1, f"{names[6]}..{names[9]}"))
         elif m := _LOOP.match(lines[i]):
             blocks.append((i + 1, f"{names[int(m.group(1))]}..{names[int(m.group(2)) - 1]}"))
     return start, blocks

@@ -4,7 +4,12 @@ them one after another). Each process launches its variant once (fused, and ever
 staged mode where the suite runs it), so the cache keys are the launches' own.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
-    packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--variants tp8:2,tp8:8]
+    packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--variants tp8:2,tp8:8] \
+    [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8]
+
+--knobs takes the bench's JSON of named knob sets (`kernels.layer.KNOBS`): each set's fused TP8
+shard variant at every --knob-widths width (the bench's 1 row runs the width-2 build), beside
+the other variants, as `python3 -m mono_glm53.bench --knobs` would compile them one by one.
 """
 
 import argparse
@@ -27,6 +32,7 @@ def _one(v):
     from mono_glm53.weights import make_weights
 
     t0 = time.time()
+    knobs = v[4] if len(v) > 4 else {}
     if v[0] == "sim":
         from mono_glm53.kernels.harness import run_tp_case
 
@@ -40,7 +46,7 @@ def _one(v):
         sname, width, indexer, staged = v
         s = REAL.tp_shard(8, 0) if sname == "tp8" else REAL
         c = build_case(s, width, 1000, indexer, "cuda", seed=1)
-        k = GlmLayerKernel(s, c.w, width, max_seq_len=1000, indexer=indexer)
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=1000, indexer=indexer, **knobs)
         for mode in ("fused", "staged") if staged else ("fused",):
             kernel_out(c, k, mode)
         k.guard.check()
@@ -51,6 +57,8 @@ def _one(v):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--knobs", default=None, metavar="JSON", help="named knob sets, as the bench's --knobs")
+    ap.add_argument("--knob-widths", default="2,8", help="widths of each knob set's TP8 variant")
     ap.add_argument("--variants", default=None,
                     help="comma list of shape:width[:staged] (indexer; fused, and with ':staged' every "
                          "stage alone too) instead of the suite's and the bench's")
@@ -58,6 +66,11 @@ def main(argv=None):
     todo = VARIANTS
     if a.variants:
         todo = [(v.split(":")[0], int(v.split(":")[1]), True, v.endswith(":staged")) for v in a.variants.split(",")]
+    if a.knobs:
+        import json
+
+        sets = json.loads(a.knobs)
+        todo = todo + [("tp8", int(w), True, False, sets[n]) for n in sets for w in a.knob_widths.split(",")]
     with mp.get_context("spawn").Pool(a.jobs or len(todo)) as pool:
         for line in pool.imap_unordered(_one, todo):
             print(line, flush=True)

@@ -248,11 +248,15 @@ def test_tp_ranks_all_reduce_in_kernel(world):
         assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
 
 
-def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch):
+@pytest.mark.parametrize("stage,knobs", [(12, {}), (12, {"sync_call": True}), (8, {"sync_call": True, "radix_loop": True})],
+                         ids=["inline", "sync_call", "sync_call-radix_loop"])
+def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch, stage, knobs):
     """MONO_GLM53_FAULT=stage12: program 0 never signals the hand-off into the MLA stage; every
     other program's guarded wait expires. Report mode: the launch raises, naming the stage,
     before its outputs are returned; the next launch is refused; after recover() (fault
-    switch off) the kernel meets NUMERICS again."""
+    switch off) the kernel meets NUMERICS again. The same with the hand-offs as calls of one
+    copy of their code (sync_call: the stage a runtime value), and at a radix pass of their
+    loop (radix_loop, stage 8)."""
     from mono_common.errors import MonoDeviceError, MonoWaitTimeout
     from mono_glm53.kernels.harness import build_case, compare, kernel_out, reference_out
     from mono_glm53.kernels.layer import GlmLayerKernel
@@ -260,14 +264,16 @@ def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch
     from mono_glm53.reference import LayerCaches
 
     monkeypatch.setenv("MONO_GUARD_MODE", "report")
-    monkeypatch.setenv("MONO_GLM53_FAULT", "stage12")
+    from mono_glm53.kernels.stages import STAGE_NAMES
+
+    monkeypatch.setenv("MONO_GLM53_FAULT", f"stage{stage}")
     s, w = _weights("tp8")
     c = build_case(s, 2, 1000, True, "cuda", seed=3, weights=w)
-    k = GlmLayerKernel(s, w, 2, max_seq_len=1000, deadline_s=0.5)
-    assert k.stall == 12
+    k = GlmLayerKernel(s, w, 2, max_seq_len=1000, deadline_s=0.5, **knobs)
+    assert k.stall == stage
     k.set_inputs(c.hidden, c.residual, c.inputs)
     caches = LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone())
-    with pytest.raises(MonoWaitTimeout, match=r"stage 12 \(mla\)"):
+    with pytest.raises(MonoWaitTimeout, match=rf"stage {stage} \({STAGE_NAMES[stage]}\)"):
         k.launch(caches, "fused")
     with pytest.raises(MonoDeviceError, match="earlier launch stopped"):
         k.launch(caches, "fused")

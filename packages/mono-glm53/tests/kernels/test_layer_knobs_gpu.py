@@ -17,7 +17,16 @@ KNOB_SETS = {
     # the integer e4m3 rounding instead of sm_90's conversion unit (the default there): the
     # whole layer's bits the same, as mono-common's test_numerics_gpu finds for each value
     "int_quant": dict(hw_quant=False),
-    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128, hw_quant=False),
+    # the radix passes as one runtime loop, with and without the first pass in the scores; the
+    # code probe's two forms (their stores go to an unused stamp entry)
+    "radix_loop": dict(radix_loop=True),
+    "radix_loop_tkf": dict(radix_loop=True, hist_in_scores=True),
+    # every hand-off a call of one copy of its code, with the delays of the third step
+    "sync_call": dict(sync_call=True, radix_loop=True),
+    "code_pad": dict(code_pad=["mla", 8]),
+    "code_pad_loop": dict(code_pad=["oproj", -8]),
+    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128, hw_quant=False, radix_loop=True,
+                sync_call=True),
 }
 _REF = {}
 

@@ -117,3 +117,25 @@ def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     with pytest.raises(ValueError, match=r"unknown knobs \['weights_before_wait'\] .known: .*\); down_step 3 is not 1 "
                                          r"or 2; hw_quant is sm_90's conversion unit: on gfx950 build without it"):
         _with_knobs(hip, s, 264, {"hw_quant": True, "down_step": 3, "weights_before_wait": True}, hip=True)
+
+
+def test_code_pad_takes_a_stage_by_name_or_number_and_refuses_the_rest_at_once():
+    """The code_pad probe: [stage, KB] sets Plan.PADS / PADKB (a stage's name or number, KB of
+    either sign); a stage out of range, the hand-off hist_in_scores folds away, a zero or
+    oversized KB and a malformed value are each refused with what the knob takes."""
+    from mono_glm53.kernels.layer import PAD_MAX_KB, _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert (plan.PADS, plan.PADKB) == (0, 0)
+    p = _with_knobs(plan, s, 264, {"code_pad": ["mla", 16]})
+    assert (p.PADS, p.PADKB) == (12, 16)
+    p = _with_knobs(plan, s, 264, {"code_pad": [20, -PAD_MAX_KB]})
+    assert (p.PADS, p.PADKB) == (20, -PAD_MAX_KB)
+    # without the fold, hand-off 6 runs: a pad there is allowed
+    assert _with_knobs(plan, s, 264, {"code_pad": ["tkhist0", 8]}).PADS == 6
+    for bad in (["addnorm", 8], [21, 8], ["mla", 0], ["mla", PAD_MAX_KB + 1], "mla", ["nope", 4], ["mla", 1.5]):
+        with pytest.raises(ValueError, match=r"code_pad .* is not \[stage, KB\]"):
+            _with_knobs(plan, s, 264, {"code_pad": bad})
+    with pytest.raises(ValueError, match=r"code_pad \['tkhist0', 8\] is not .*"):
+        _with_knobs(plan, s, 264, {"code_pad": ["tkhist0", 8], "hist_in_scores": True})

@@ -147,6 +147,15 @@ class Plan:
     # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
     BNG: int = 0
+    # a measurement probe (`code_pad`, a knob): |PADKB| KB of code every program runs after
+    # hand-off PADS, straight-line (PADKB > 0) or as a hot loop of the same steps (< 0)
+    PADS: int = 0
+    PADKB: int = 0
+    # the top-k's radix passes as one runtime loop over one copy of their code (`radix_loop`,
+    # a knob: ~22 KB less sm_90 code, the same integers)
+    TKL: bool = False
+    # every hand-off a call of one copy of its code on sm_90 (`sync_call`, a knob)
+    SYC: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -271,11 +280,20 @@ KNOBS = {
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
     "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
+    "radix_loop": "Plan.TKL, the top-k's radix passes as one loop over one copy of their code",
+    "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
+    "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
+                "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
+                "multiply-adds from a hot loop; what a KB of code costs there)",
 }
 # Knobs timed on the H200 and removed, none faster than the default (results README): session
 # 20's, their code on branch wip/s19-stages: handoff_flag, mla_stages, qkva_fixup, qb_fixup,
 # norm_in_qkva, gateup_stages, latent_late, down_id_vector; session 21's, its code in commit
 # 3f5b139: weights_before_wait
+
+
+# the code_pad probe's largest size: 128 KB of straight-line code compiles in ~40 s on one core
+PAD_MAX_KB = 128
 
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
@@ -351,6 +369,31 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         if k["hw_quant"] and hip:
             errors.append("hw_quant is sm_90's conversion unit: on gfx950 build without it")
         change["HWQ"] = bool(k["hw_quant"])
+    # gfx950 (Triton 3.8, TP8 rank, width 2): the loop spilled 38 registers
+    if k.get("radix_loop"):
+        if hip:
+            errors.append("radix_loop spills gfx950's registers: on gfx950 build without it")
+        change["TKL"] = True
+    if k.get("sync_call"):
+        if hip:
+            errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
+        change["SYC"] = True
+    if "code_pad" in k:
+        from mono_glm53.kernels.stages import STAGE_NAMES
+
+        cp = k["code_pad"]
+        st = kb_ = None
+        if isinstance(cp, (list, tuple)) and len(cp) == 2 and isinstance(cp[1], int):
+            st = STAGE_NAMES.index(cp[0]) if cp[0] in STAGE_NAMES else cp[0]
+            kb_ = cp[1]
+        looped = (6, 7, 8, 9) if change.get("TKL") else ()
+        if not (isinstance(st, int) and 1 <= st < len(STAGE_NAMES) and kb_ and abs(kb_) <= PAD_MAX_KB
+                and st not in folded_handoffs(dataclasses.replace(plan, **change)) and st not in looped):
+            errors.append(f"code_pad {cp!r} is not [stage, KB]: a stage (name, or 1..{len(STAGE_NAMES) - 1}) "
+                          f"whose hand-off the launch runs, not a pass of radix_loop, KB a nonzero integer "
+                          f"of at most {PAD_MAX_KB} either sign")
+        else:
+            change.update(PADS=st, PADKB=kb_)
     if "gateup_bn" in k:
         bn = k["gateup_bn"]
         if bn not in (16, 32, 64, 128) or bn > 2 * s.block:

@@ -790,6 +790,39 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
 
 # ----------------------------------------------------------------------------- the launch
 @triton.jit
+def _code_pad(stamps, pid, PAD: tl.constexpr):
+    """A measurement probe of what a KB of code costs where the layer runs it (Plan.PADKB):
+    |PAD| x 16 steps of four independent fused multiply-add chains (~|PAD| KB of SASS: four
+    16-byte instructions a step, every constant an immediate so nothing folds) on values only
+    the program id decides, their sum stored in entry 0 of the program's stamp row (no other
+    reader). PAD > 0: straight-line, each instruction fetched once (cold, from wherever the
+    layer left the line: L2 or HBM); PAD < 0: the same steps as a loop whose trip count the
+    compiler cannot know (ptxas unrolls it to a ~4 KB body, Triton 3.8), so the same
+    instructions issue from lines fetched once. The launch's time with one form against the
+    other is the fetch cost of |PAD| - 4 KB there."""
+    a = (pid + 1).to(tl.float32) * 1e-3
+    b = a + 1.0
+    c = a + 2.0
+    d = a + 3.0
+    if PAD > 0:
+        for i in tl.static_range(PAD * 16):
+            a = a * (1.0 + (i + 1) * 1e-7) + 0.25
+            b = b * (1.0 - (i + 1) * 1e-7) + 0.5
+            c = c * (1.0 + (i + 1) * 2e-7) - 0.25
+            d = d * (1.0 - (i + 1) * 2e-7) - 0.5
+    else:
+        # pid >> 30 is 0 at any grid, unknown to the compiler: a loop of four steps a trip
+        # (16 multiply-adds and the loop's own ~3 instructions), kept rolled
+        for _ in tl.range((pid >> 30), -PAD * 4 + (pid >> 30), loop_unroll_factor=1):
+            for j in tl.static_range(4):
+                a = a * (1.0 + (j + 1) * 1e-7) + 0.25
+                b = b * (1.0 - (j + 1) * 1e-7) + 0.5
+                c = c * (1.0 + (j + 1) * 2e-7) - 0.25
+                d = d * (1.0 - (j + 1) * 2e-7) - 0.5
+    tl.store(stamps, (a + b + c + d).to(tl.int64))
+
+
+@triton.jit
 def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
     """Store the clock at this program's stamp entry i when the launch profiles (STAMP)."""
     if _si(row, P.STAMP) != 0:
@@ -797,17 +830,41 @@ def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sync(row, s: tl.constexpr, epoch, nprog, pid,
-          WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
+def _sync(row, s, epoch, nprog, pid,
+          WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
+          PAD: tl.constexpr = 0, CALL: tl.constexpr = False):
+    """`_sync_now` inlined, or (CALL, sm_90: Plan.SYC, a measurement knob) as a call of one
+    copy of it for every hand-off, its stage a runtime value (`_sync_call`)."""
+    if CALL and CLOCK == 0:
+        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+    else:
+        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+    return ok
+
+
+@triton.jit(noinline=True)
+def _sync_call(row, s, epoch, nprog, pid, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
+               FAULT: tl.constexpr, PAD: tl.constexpr):
+    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+
+
+@triton.jit
+def _sync_now(row, s, epoch, nprog, pid,
+              WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
+              PAD: tl.constexpr = 0):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
     so both modes share one epoch and one set of counters and can be mixed step by step.
 
+    s is a constexpr but in the radix passes' loop (Plan.TKL, `_tkhist_loop`) and in `_sync_call`.
     Returns ok (False: the error word is written, stop). delay > 0 spins a pseudo-random
     0..delay ticks first (runtime, so the delay-injection test runs the product's binary).
     stall == s: program 0 stops here without signalling (the injected wait fault of
-    MONO_GLM53_FAULT): every other program's wait on this hand-off must expire."""
+    MONO_GLM53_FAULT): every other program's wait on this hand-off must expire.
+
+    PAD != 0 (the fused launch only; Plan.PADKB, a measurement probe): every program runs
+    `_code_pad` of |PAD| KB after passing the hand-off, before stage s."""
     # sm_90: the table words the hand-off reads are loaded first, before any branch on one of
     # them: the loads are independent, so they cost one memory latency together, not one each
     # (read one by one, each behind the branch on the one before, ~2 us a hand-off). gfx950
@@ -815,7 +872,7 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
     # SGPRs (TP8 rank, 8 rows).
     ok = True
     if CLOCK == 1:
-        ok = _sync_lazy(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT)
+        ok = _sync_lazy(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
     else:
         stall = _si(row, P.STALL)
         stamp_on = _si(row, P.STAMP)
@@ -840,6 +897,8 @@ def _sync(row, s: tl.constexpr, epoch, nprog, pid,
                          s, deadline, NRANK, CLOCK, FAULT, False)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
+            if PAD != 0:
+                _code_pad(stamps, pid, PAD)
     return ok
 
 
@@ -863,7 +922,7 @@ def _skip(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
 
 
 @triton.jit
-def _delay(pid, epoch, s: tl.constexpr, delay, CLOCK: tl.constexpr):
+def _delay(pid, epoch, s, delay, CLOCK: tl.constexpr):
     """delay > 0: spin a pseudo-random 0..delay ticks (the random stage-delay test)."""
     if delay > 0:
         hsh = (pid * 1103515245 + epoch * 12345 + s * 7919) & 0x7FFFFFFF
@@ -874,8 +933,9 @@ def _delay(pid, epoch, s: tl.constexpr, delay, CLOCK: tl.constexpr):
 
 
 @triton.jit
-def _sync_lazy(row, s: tl.constexpr, epoch, nprog, pid,
-               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr):
+def _sync_lazy(row, s, epoch, nprog, pid,
+               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
+               PAD: tl.constexpr = 0):
     """`_sync` reading each table word where it is used (gfx950)."""
     ok = True
     if (_si(row, P.STALL) == s) & (pid == 0):
@@ -890,13 +950,16 @@ def _sync_lazy(row, s: tl.constexpr, epoch, nprog, pid,
                      _p(row, P.ABORT_TAB, tl.int64), _p(row, P.ERR, tl.int64), _si(row, P.RANK), pid,
                      s, _sl(row, P.DEADLINE), NRANK, CLOCK, FAULT, False)
         _stamp(row, 2 * s + 1, pid, CLOCK)
+        if PAD != 0:
+            _code_pad(_p(row, P.STAMPS, tl.int64) + pid * STAMP_W, pid, PAD)
     return ok
 
 
 @triton.jit
 def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
                FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr = False):
+               W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr = False,
+               PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0, SYC: tl.constexpr = False):
     """Stage s of 6..9 when in FIRST..LAST: the hand-off into it, then radix pass s - 6 (TKF:
     pass 0 ran in the index scores, stage 6 is empty and has no hand-off)."""
     if FIRST <= s and LAST >= s and TKF and s == 6:
@@ -904,10 +967,34 @@ def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.const
             ok = _skip(row, s, pid, FUSED and FIRST < s, CLOCK)
     elif FIRST <= s and LAST >= s:
         if ok:
-            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT)
+            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT, PADKB if PADS == s else 0, SYC)
         if ok:
             stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                          _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6)
+    return ok
+
+
+@triton.jit
+def _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
+                 FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
+                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr,
+                 SYC: tl.constexpr = False):
+    """`_tkhist_at` for stages 6..9 in FIRST..LAST as one runtime loop over the passes
+    (Plan.TKL): one copy of the hand-off and the pass in the binary, not four, the same
+    integers. TKF: stage 6 is the empty one, unrolled as before."""
+    A: tl.constexpr = FIRST if FIRST > 6 + TKF else 6 + TKF
+    B: tl.constexpr = LAST + 1 if LAST < 9 else 10
+    # a fused launch runs every stage (FIRST 0), so each looped hand-off waits
+    tl.static_assert(not FUSED or FIRST < 6, "a fused launch starts before the radix passes")
+    if TKF:
+        ok = _tkhist_at(row, ok, 6, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
+                        TKF, 0, 0, SYC)
+    for s in range(A, B):
+        if ok:
+            ok = _sync(row, s, epoch, nprog, pid, FUSED, R, CLOCK, FAULT, 0, SYC)
+        if ok:
+            stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                         _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6, True)
     return ok
 
 
@@ -954,6 +1041,13 @@ def layer_kernel(
     # the top-k's first radix pass in the index scores (Plan.TKF), gate_up's MMA form and
     # column tile (Plan.GDOT, BNG: 0 the default BN): measurement knobs
     TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
+    # a measurement probe (Plan.PADS, PADKB): |PADKB| KB of code run by every program after
+    # hand-off PADS (`_code_pad`; 0: none)
+    PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0,
+    # the radix passes as one runtime loop (Plan.TKL, a measurement knob: `_tkhist_loop`)
+    TKL: tl.constexpr = False,
+    # every hand-off a call of one copy of its code (Plan.SYC, a measurement knob: `_sync`)
+    SYC: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1006,7 +1100,7 @@ def layer_kernel(
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ)
     if FIRST <= 1 and LAST >= 1:
-        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SYC)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
@@ -1019,14 +1113,14 @@ def layer_kernel(
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 2 else 0, SYC)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 3 else 0, SYC)
         if ok:
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
@@ -1035,7 +1129,7 @@ def layer_kernel(
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 4 else 0, SYC)
         if ok:
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
@@ -1053,7 +1147,7 @@ def layer_kernel(
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 5 else 0, SYC)
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
@@ -1061,27 +1155,31 @@ def layer_kernel(
                          W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
-    for s in tl.static_range(6, 10):
-        ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                        TKF)
+    if TKL:
+        ok = _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER, TKF,
+                          SYC)
+    else:
+        for s in tl.static_range(6, 10):
+            ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK,
+                            INDEXER, TKF, PADS, PADKB, SYC)
     if FIRST <= 10 and LAST >= 10:
         if ok:
             ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
         if ok:
             stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
                           _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
     if FIRST <= 11 and LAST >= 11:
         if ok:
             ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 11 else 0, SYC)
         if ok:
             stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
                           _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
         if ok:
             # an indexer layer attends over its own top-k, a non-indexer layer over the last
             # indexer layer's (prev_topk)
@@ -1095,21 +1193,21 @@ def layer_kernel(
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 13 else 0, SYC)
         if ok:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
     if FIRST <= 14 and LAST >= 14:
         if ok:
             ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 15 else 0, SYC)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
@@ -1117,7 +1215,7 @@ def layer_kernel(
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 16 else 0, SYC)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
                                 _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
@@ -1128,14 +1226,14 @@ def layer_kernel(
     if FIRST <= 17 and LAST >= 17:
         if ok:
             ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                          _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
@@ -1146,14 +1244,14 @@ def layer_kernel(
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
         if ok:
             stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
                        _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
-                       CLOCK, FAULT)
+                       CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
