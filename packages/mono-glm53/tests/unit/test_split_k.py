@@ -106,7 +106,7 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside
-    every other bad knob; off is allowed anywhere."""
+    every other bad knob; off is allowed anywhere. radix_loop and sync_call: sm_90 only."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
 
     s = REAL.tp_shard(8, 0)
@@ -117,6 +117,11 @@ def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     with pytest.raises(ValueError, match=r"unknown knobs \['weights_before_wait'\] .known: .*\); down_step 3 is not 1 "
                                          r"or 2; hw_quant is sm_90's conversion unit: on gfx950 build without it"):
         _with_knobs(hip, s, 264, {"hw_quant": True, "down_step": 3, "weights_before_wait": True}, hip=True)
+    # the code-size knobs: sm_90's call and a loop that spilled gfx950's registers
+    with pytest.raises(ValueError, match=r"radix_loop spills gfx950's registers: .*; sync_call is sm_90's: "):
+        _with_knobs(hip, s, 264, {"radix_loop": True, "sync_call": True}, hip=True)
+    both = _with_knobs(plan, s, 264, {"radix_loop": True, "sync_call": True})
+    assert both.TKL and both.SYC and not (plan.TKL or plan.SYC)
 
 
 def test_code_pad_takes_a_stage_by_name_or_number_and_refuses_the_rest_at_once():
