@@ -29,8 +29,9 @@ with torch 2.11 only the TP8 expert down projection, K = 256, falls back). The r
 gather each (row, slot)'s expert weights and loop over slots, so the unfused kernel count
 grows with the width. A kernel adds itself with `register_path("mono", builder)`: the builder
 gets a `BenchCase` and returns a zero-argument step that must be CUDA-graph capturable; the
-step may carry `check()` (called after timing) and `profile(steps)` (per-stage spans of a
-rotation of such steps, in microseconds).
+step may carry `check()` (called after timing), `profile(steps)` (per-stage spans of a
+rotation of such steps, in microseconds) and `chain(next_step)` (told which step follows it in
+the rotation, before timing).
 
 `--base TREE` times another checkout's monokernel beside "mono" in the same run; `--knobs JSON`
 times named sets of the monokernel's measurement knobs (`kernels.layer.KNOBS`) the same way, and
@@ -147,6 +148,14 @@ def _count_kernels(fn: Callable[[], object]) -> int | None:
     except Exception as exc:  # profiler unavailable: report no count rather than a wrong one
         print(f"kernel count failed: {exc}", file=sys.stderr)
         return None
+
+
+def _chain(steps: list) -> None:
+    """Tell each step that has a `chain(next)` which step runs after it in the rotation (the
+    last: the first, as the next replay runs it)."""
+    for cur, nxt in zip(steps, steps[1:] + steps[:1]):
+        if hasattr(cur, "chain"):
+            cur.chain(nxt)
 
 
 def _rotation(steps: list) -> Callable[[], list]:
@@ -452,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     try:
                         steps = [PATHS[pname](c) for c in cases]
+                        _chain(steps)
                         r = _time_path(steps, a.device, a.warmup, a.replays)
                         if hasattr(steps[0], "kernel"):
                             from mono_glm53.kernels.bench_path import output_digest

@@ -24,6 +24,8 @@ KNOB_SETS = {
     # every hand-off a call of one copy of its code, with the delays of the third step
     "sync_call": dict(sync_call=True, radix_loop=True),
     "code_pad": dict(code_pad=["mla", 8]),
+    # the next layer's first weights requested ahead (here the layer's own: real addresses)
+    "next_layer": dict(next_layer_prefetch="down", sync_call=True),
     "code_pad_loop": dict(code_pad=["oproj", -8]),
     "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
@@ -63,6 +65,8 @@ def test_knob_sets_give_the_default_fused_bits(name, width, ctx):
 
     s, w, c, want = _default(width, ctx)
     k = GlmLayerKernel(s, w, width, max_seq_len=ctx, **KNOB_SETS[name])
+    if k.plan.NXS:
+        k.next_weights = w
     for step, ((a, ca), (b, cb)) in enumerate(zip(want, _steps(k, c, kernel_out))):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), (name, step)
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), (name, step)

@@ -83,6 +83,33 @@ def test_row_holds_addresses_then_scalar_bits():
     assert row[ptable.STRIDE_RTT.value] == k.rtt.stride(0)
 
 
+def test_next_layer_addresses_are_in_the_row_only_with_the_knob():
+    """next_layer_prefetch (Plan.NXS) with next_weights set: the row's next_* words hold the next
+    layer's q_a/kv_a, index wk and weights_proj addresses; without the knob, or without a next
+    layer, zeros (no launch requests anything, and the table cache keys do not change)."""
+    import dataclasses
+
+    from mono_glm53.weights import make_weights
+
+    k, caches = _kernel()
+    nxt = make_weights(k.s, device="cpu", seed=5)
+    words = (ptable.NEXT_WQKV.value, ptable.NEXT_WK.value, ptable.NEXT_WWP.value)
+
+    def row():
+        return layer.device_table([(k._tensors(caches, k.rtt), k._scalars(k.rtt))], "cpu")[0][0]
+
+    k.next_weights = nxt
+    assert [row()[j].item() for j in words] == [0, 0, 0]  # the knob is off
+    k.plan = dataclasses.replace(k.plan, NXS=20)
+    wwp = "self_attn.indexer.wk_weights_proj.weight" if k.s.indexer_fused else "self_attn.indexer.weights_proj.weight"
+    want = [nxt["self_attn.fused_qkv_a_proj_with_mqa.weight"].data_ptr(),
+            nxt.get("self_attn.indexer.wk.weight", torch.empty(0)).data_ptr() if not k.s.indexer_fused else 0,
+            nxt[wwp].data_ptr()]
+    assert [row()[j].item() for j in words] == want and all(want[::2])
+    k.next_weights = None
+    assert [row()[j].item() for j in words] == [0, 0, 0]
+
+
 def test_table_is_built_once_per_address_set():
     k, caches = _kernel()
     ts = k._tensors(caches, k.rtt)

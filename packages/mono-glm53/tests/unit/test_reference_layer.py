@@ -367,6 +367,27 @@ def test_bench_rotation_runs_every_layer_and_times_per_layer():
     assert calls[-2:] == ["check0", "check1"]
 
 
+def test_bench_chain_tells_each_step_the_next_one_in_the_rotation():
+    """Steps with chain(next) learn the step after them, the last one the first (the next replay
+    runs it); steps without it are left alone; a one-layer rotation is its own next."""
+    told = {}
+
+    def make(i, chained=True):
+        def step():
+            return i
+
+        step.i = i
+        if chained:
+            step.chain = lambda nxt: told.__setitem__(i, nxt.i)
+        return step
+
+    bench._chain([make(0), make(1, chained=False), make(2)])
+    assert told == {0: 1, 2: 0}
+    told.clear()
+    bench._chain([make(7)])
+    assert told == {7: 7}
+
+
 def test_bench_refuses_an_empty_rotation(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--layers", "0"])

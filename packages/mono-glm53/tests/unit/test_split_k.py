@@ -144,3 +144,19 @@ def test_code_pad_takes_a_stage_by_name_or_number_and_refuses_the_rest_at_once()
             _with_knobs(plan, s, 264, {"code_pad": bad})
     with pytest.raises(ValueError, match=r"code_pad \['tkhist0', 8\] is not .*"):
         _with_knobs(plan, s, 264, {"code_pad": ["tkhist0", 8], "hist_in_scores": True})
+
+
+def test_next_layer_prefetch_takes_one_of_its_stages_and_is_sm90_only():
+    """next_layer_prefetch: mla / gateup / down set Plan.NXS to that stage; any other value is
+    refused with the ones allowed, and gfx950 (no L2-only prefetch) refuses it."""
+    from mono_glm53.kernels.layer import NEXT_PREFETCH_STAGES, _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert plan.NXS == 0
+    for name, st in NEXT_PREFETCH_STAGES.items():
+        assert _with_knobs(plan, s, 264, {"next_layer_prefetch": name}).NXS == st
+    with pytest.raises(ValueError, match=r"next_layer_prefetch 'oproj' is not one of \['down', 'gateup', 'mla'\]"):
+        _with_knobs(plan, s, 264, {"next_layer_prefetch": "oproj"})
+    with pytest.raises(ValueError, match="next_layer_prefetch is sm_90's L2 prefetch"):
+        _with_knobs(plan, s, 264, {"next_layer_prefetch": "down"}, hip=True)

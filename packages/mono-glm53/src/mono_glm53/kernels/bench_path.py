@@ -63,6 +63,9 @@ def knob_builder(knobs: dict):
         step.check = k.guard.check
         step.kernel = k
         step.profile = rotation_profile
+        # the rotation's next layer (`bench._chain`): its weights are what a launch with the
+        # next_layer_prefetch knob requests ahead, as a served step's next layer
+        step.chain = lambda nxt: setattr(k, "next_weights", nxt.kernel.w if hasattr(nxt, "kernel") else None)
         return step
 
     return build

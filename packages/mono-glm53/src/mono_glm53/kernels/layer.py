@@ -154,6 +154,9 @@ class Plan:
     # the top-k's radix passes as one runtime loop over one copy of their code (`radix_loop`,
     # a knob: ~22 KB less sm_90 code, the same integers)
     TKL: bool = False
+    # the next layer's q_a/kv_a and index weights requested into the L2 after the hand-off into
+    # this stage (0: not; `next_layer_prefetch`, a knob; GlmLayerKernel.next_weights)
+    NXS: int = 0
     # every hand-off a call of one copy of its code on sm_90 (`sync_call`, a knob)
     SYC: bool = False
 
@@ -281,6 +284,8 @@ KNOBS = {
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
     "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
     "radix_loop": "Plan.TKL, the top-k's radix passes as one loop over one copy of their code",
+    "next_layer_prefetch": "Plan.NXS, the stage (mla, gateup or down) after whose hand-off every program requests "
+                           "the next layer's q_a/kv_a and index weights into the L2 (GlmLayerKernel.next_weights; sm_90)",
     "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
@@ -292,6 +297,9 @@ KNOBS = {
 # 3f5b139: weights_before_wait
 
 
+# where next_layer_prefetch may request the next layer's first weights: the attention's quiet
+# stretch, or the MoE (later: less of the L2 turns over before the next launch reads them)
+NEXT_PREFETCH_STAGES = {"mla": 12, "gateup": 18, "down": 20}
 # the code_pad probe's largest size: 128 KB of straight-line code compiles in ~40 s on one core
 PAD_MAX_KB = 128
 
@@ -378,6 +386,14 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
         change["SYC"] = True
+    if k.get("next_layer_prefetch") is not None:
+        nx = k["next_layer_prefetch"]
+        if nx not in NEXT_PREFETCH_STAGES:
+            errors.append(f"next_layer_prefetch {nx!r} is not one of {sorted(NEXT_PREFETCH_STAGES)}")
+        elif hip:
+            errors.append("next_layer_prefetch is sm_90's L2 prefetch: gfx950 has no such instruction")
+        else:
+            change["NXS"] = NEXT_PREFETCH_STAGES[nx]
     if "code_pad" in k:
         from mono_glm53.kernels.stages import STAGE_NAMES
 
@@ -726,6 +742,9 @@ class GlmLayerKernel:
         self._dummy_f = z(16)
         self._dummy_bf = z(16, dtype=bf16)
         self._delay = 0
+        # the weights of the layer launched after this one (a dict as `weights`), whose first
+        # weights a launch with Plan.NXS requests into the L2; None: nothing requested
+        self.next_weights = None
         # the compiled kernels of the last launches ("fused", or the stage index), for their
         # register/spill counts (`n_regs`, `n_spills` on a GPU)
         self.compiled: dict = {}
@@ -916,7 +935,19 @@ class GlmLayerKernel:
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
                 rtt.stride(0), self.scores.stride(0), self.rank, self.deadline, self._delay, self.stall,
-                int(self.stamp))
+                int(self.stamp), *self._next_addresses())
+
+    def _next_addresses(self) -> tuple[int, int, int]:
+        """The next layer's q_a/kv_a, index wk and weights_proj addresses (`ptable` next_*), or
+        zeros: without Plan.NXS or next_weights (a zero is requested by no launch)."""
+        w = self.next_weights
+        if not self.plan.NXS or w is None:
+            return (0, 0, 0)
+        wk = w.get("self_attn.indexer.wk.weight")
+        wwp = w.get("self_attn.indexer.wk_weights_proj.weight" if self.s.indexer_fused
+                    else "self_attn.indexer.weights_proj.weight")
+        return (w["self_attn.fused_qkv_a_proj_with_mqa.weight"].data_ptr(),
+                0 if wk is None else wk.data_ptr(), 0 if wwp is None else wwp.data_ptr())
 
     def launch(self, caches, mode: str = "fused", delay: int = 0, stages=None, weights=None):
         """Run the layer on the static inputs. mode "fused": one persistent launch; "staged":

@@ -124,6 +124,12 @@ SCALARS = (
     ("delay", "i64"),
     ("stall", "i32"),
     ("stamp", "i32"),
+    # the next layer's first weights (its fused q_a/kv_a, index wk and weights_proj), requested
+    # into the L2 by this launch with Plan.NXS (0: none): addresses, not tensors the launch
+    # reads, so they sit after every other word
+    ("next_wqkv", "i64"),
+    ("next_wk", "i64"),
+    ("next_wwp", "i64"),
 )
 NSLOTS = tl.constexpr(len(SLOTS) + len(SCALARS))  # the row width
 DTYPES = dict(SLOTS)

@@ -823,6 +823,29 @@ def _code_pad(stamps, pid, PAD: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_next(row, pid, nprog, NQKV: tl.constexpr, H: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr,
+                   INDEXER: tl.constexpr, IDX_FUSED: tl.constexpr):
+    """Plan.NXS: the next layer's fused q_a/kv_a weights and (INDEXER) its index wk /
+    weights_proj requested into the L2, dealt over the programs (`ptable` next_*: addresses the
+    host sets from GlmLayerKernel.next_weights, zero for none), so the next launch's first
+    stages find them there instead of waiting on the HBM at its start. sm_90 only."""
+    nq = _sl(row, P.NEXT_WQKV)
+    if nq != 0:
+        _prefetch(pid, nprog, nq.to(tl.pointer_type(tl.uint8)), NQKV * H, True)
+    if INDEXER:
+        nk = _sl(row, P.NEXT_WK)
+        nw = _sl(row, P.NEXT_WWP)
+        if IDX_FUSED:
+            if nw != 0:
+                _prefetch(pid, nprog, nw.to(tl.pointer_type(tl.uint8)), (ID + IH) * H * 2, True)
+        else:
+            if nk != 0:
+                _prefetch(pid, nprog, nk.to(tl.pointer_type(tl.uint8)), ID * H, True)
+            if nw != 0:
+                _prefetch(pid, nprog, nw.to(tl.pointer_type(tl.uint8)), IH * H * 2, True)
+
+
+@triton.jit
 def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
     """Store the clock at this program's stamp entry i when the launch profiles (STAMP)."""
     if _si(row, P.STAMP) != 0:
@@ -1048,6 +1071,9 @@ def layer_kernel(
     TKL: tl.constexpr = False,
     # every hand-off a call of one copy of its code (Plan.SYC, a measurement knob: `_sync`)
     SYC: tl.constexpr = False,
+    # the next layer's first weights requested after hand-off NXS (Plan.NXS; 0: not;
+    # `_prefetch_next`), sm_90's fused launch only
+    NXS: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1180,6 +1206,9 @@ def layer_kernel(
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
                        CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
+        if NXS == 12 and FUSED and PF:
+            if ok:
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
         if ok:
             # an indexer layer attends over its own top-k, a non-indexer layer over the last
             # indexer layer's (prev_topk)
@@ -1234,6 +1263,9 @@ def layer_kernel(
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
                        CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
+        if NXS == 18 and FUSED and PF:
+            if ok:
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
@@ -1252,6 +1284,9 @@ def layer_kernel(
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
                        CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
+        if NXS == 20 and FUSED and PF:
+            if ok:
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
