@@ -43,7 +43,7 @@ def _one(v):
         from mono_glm53.kernels.harness import build_case, kernel_out
         from mono_glm53.kernels.layer import GlmLayerKernel
 
-        sname, width, indexer, staged = v
+        sname, width, indexer, staged = v[:4]
         s = REAL.tp_shard(8, 0) if sname == "tp8" else REAL
         c = build_case(s, width, 1000, indexer, "cuda", seed=1)
         k = GlmLayerKernel(s, c.w, width, max_seq_len=1000, indexer=indexer, **knobs)
