@@ -178,7 +178,8 @@ def _gemv_case(torch, dev, job, ceiling, memo):
         xin, xs = q.to(torch.bfloat16), xs.contiguous()
     row = dict(stage="gemv_fp8", shape=f"{n}x{k}", rows=rows, variant=job.variant, nprog=job.nprog,
                grid=plan.nprog, BN=plan.BN, KS=plan.KS, PER=plan.PER, span=plan.span, pre=plan.pre,
-               warps=plan.num_warps, dot=plan.dot, xq=xq, l2_ahead=plan.l2_ahead, handoff="flag" if hflag else "counter", L=L,
+               warps=plan.num_warps, dot=plan.dot, xq=xq, l2_ahead=plan.l2_ahead,
+               handoff="flag" if hflag else "counter", L=L,
                rotated_bytes=L * (n * k + s[0].numel() * 4))
     _floor(row, n * k + s[0].numel() * 4, ceiling)
     out = alloc_out(plan, L, dev)

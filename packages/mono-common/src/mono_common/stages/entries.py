@@ -107,10 +107,8 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE < 4:
-        if RT:
-            topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, pass_rt, True)
-        else:
-            topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True, STAGE)
+        topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True,
+                  pass_rt if RT else STAGE, RT)
     elif STAGE == 4:
         topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True)
     else:

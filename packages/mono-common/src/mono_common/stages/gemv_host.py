@@ -115,6 +115,8 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         if fix.numel() < fixup_words(plan, L) or fix.dtype != torch.int32:
             raise ValueError(f"the fixup buffer needs {fixup_words(plan, L)} int32 words")
     xq = xs is not None
+    # sm_90 (an NVIDIA GPU): the conversion on the integer pipes and the L2 prefetch exist
+    nv = x.device.type == "cuda" and torch.version.hip is None
     # with a hand-off every program must be resident: a cooperative launch refuses a grid that
     # is not, instead of spinning forever (an 8-warp tile at 255 registers fits once per SM)
     coop = dict(launch_cooperative_grid=True) if barrier and x.device.type == "cuda" else {}
@@ -124,10 +126,10 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         SPAN=plan.span, FMT=FMT_FP8.value if fmt == "fp8" else FMT_BF16.value, XQ=xq, PRE=plan.pre, DOT=plan.dot,
         LSTG=plan.lstg,
         # the bf16 MMA forms' weight conversion on sm_90's integer and bf16 pipes (numerics.e4m3_bf16)
-        FASTCVT=x.device.type == "cuda" and torch.version.hip is None,
+        FASTCVT=nv,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
         fix_ptr=fix, FIX=fix is not None,
-        PFN=plan.l2_ahead and x.device.type == "cuda" and torch.version.hip is None,
+        PFN=plan.l2_ahead and nv,
         num_warps=plan.num_warps, **coop)
     return out
 

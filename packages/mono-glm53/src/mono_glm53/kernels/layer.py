@@ -873,10 +873,7 @@ class GlmLayerKernel:
         abort, abort_tab, errs = self.guard.args(self.rank)
         wk = w.get("self_attn.indexer.wk.weight", self._dummy_u8)
         sk = w.get("self_attn.indexer.wk.weight_scale_inv", self._dummy_f)
-        if s.indexer_fused:
-            wwp = w["self_attn.indexer.wk_weights_proj.weight"]
-        else:
-            wwp = w["self_attn.indexer.weights_proj.weight"]
+        wwp = w[_index_weights_proj(s)]
         idx_cache = caches.index_k if caches.index_k is not None else self._dummy_u8
         sh13 = w.get("mlp.shared_experts.gate_up_proj.weight")
         return [
@@ -944,8 +941,7 @@ class GlmLayerKernel:
         if not self.plan.NXS or w is None:
             return (0, 0, 0)
         wk = w.get("self_attn.indexer.wk.weight")
-        wwp = w.get("self_attn.indexer.wk_weights_proj.weight" if self.s.indexer_fused
-                    else "self_attn.indexer.weights_proj.weight")
+        wwp = w.get(_index_weights_proj(self.s))
         return (w["self_attn.fused_qkv_a_proj_with_mqa.weight"].data_ptr(),
                 0 if wk is None else wk.data_ptr(), 0 if wwp is None else wwp.data_ptr())
 
@@ -997,6 +993,11 @@ class GlmLayerKernel:
     def _check_after_launch(self) -> None:
         if self.guard.mode == "report" and not _capturing(self.device):
             self.guard.check()
+
+
+def _index_weights_proj(s: GlmLayerShape) -> str:
+    """The weight name of the indexer's head weights: merged with wk (indexer_fused) or alone."""
+    return "self_attn.indexer.wk_weights_proj.weight" if s.indexer_fused else "self_attn.indexer.weights_proj.weight"
 
 
 def launch_side_by_side(kernels: list[GlmLayerKernel], caches: list, delay: int = 0) -> None:

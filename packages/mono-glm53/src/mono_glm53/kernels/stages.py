@@ -829,20 +829,20 @@ def _prefetch_next(row, pid, nprog, NQKV: tl.constexpr, H: tl.constexpr, ID: tl.
     weights_proj requested into the L2, dealt over the programs (`ptable` next_*: addresses the
     host sets from GlmLayerKernel.next_weights, zero for none), so the next launch's first
     stages find them there instead of waiting on the HBM at its start. sm_90 only."""
-    nq = _sl(row, P.NEXT_WQKV)
-    if nq != 0:
-        _prefetch(pid, nprog, nq.to(tl.pointer_type(tl.uint8)), NQKV * H, True)
+    _prefetch_at(_sl(row, P.NEXT_WQKV), pid, nprog, NQKV * H)
     if INDEXER:
-        nk = _sl(row, P.NEXT_WK)
-        nw = _sl(row, P.NEXT_WWP)
         if IDX_FUSED:
-            if nw != 0:
-                _prefetch(pid, nprog, nw.to(tl.pointer_type(tl.uint8)), (ID + IH) * H * 2, True)
+            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, (ID + IH) * H * 2)
         else:
-            if nk != 0:
-                _prefetch(pid, nprog, nk.to(tl.pointer_type(tl.uint8)), ID * H, True)
-            if nw != 0:
-                _prefetch(pid, nprog, nw.to(tl.pointer_type(tl.uint8)), IH * H * 2, True)
+            _prefetch_at(_sl(row, P.NEXT_WK), pid, nprog, ID * H)
+            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, IH * H * 2)
+
+
+@triton.jit
+def _prefetch_at(a, pid, nprog, nbytes):
+    """`_prefetch` of nbytes at address a (an int64 table word), none when it is zero."""
+    if a != 0:
+        _prefetch(pid, nprog, a.to(tl.pointer_type(tl.uint8)), nbytes, True)
 
 
 @triton.jit
@@ -989,11 +989,21 @@ def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.const
         if ok:
             ok = _skip(row, s, pid, FUSED and FIRST < s, CLOCK)
     elif FIRST <= s and LAST >= s:
-        if ok:
-            ok = _sync(row, s, epoch, nprog, pid, FUSED and FIRST < s, R, CLOCK, FAULT, PADKB if PADS == s else 0, SYC)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                         _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6)
+        ok = _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, FUSED and FIRST < s, R, CLOCK, FAULT, W, TOPK,
+                          INDEXER, PADKB if PADS == s else 0, SYC)
+    return ok
+
+
+@triton.jit
+def _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, WAIT: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr,
+                 FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr,
+                 PAD: tl.constexpr = 0, SYC: tl.constexpr = False, RT: tl.constexpr = False):
+    """Stage s of 6..9: the hand-off into it, then radix pass s - 6 (RT: s a runtime value)."""
+    if ok:
+        ok = _sync(row, s, epoch, nprog, pid, WAIT, R, CLOCK, FAULT, PAD, SYC)
+    if ok:
+        stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                     _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6, RT)
     return ok
 
 
@@ -1013,11 +1023,7 @@ def _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
         ok = _tkhist_at(row, ok, 6, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                         TKF, 0, 0, SYC)
     for s in range(A, B):
-        if ok:
-            ok = _sync(row, s, epoch, nprog, pid, FUSED, R, CLOCK, FAULT, 0, SYC)
-        if ok:
-            stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                         _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6, True)
+        ok = _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER, 0, SYC, True)
     return ok
 
 
