@@ -4,12 +4,15 @@ A monokernel runs each stage's code once a launch, and between launches a weight
 than the L2 passes through it. This times a kernel of S KB of straight-line SASS (4 independent
 FFMA chains of S / 64 steps, every constant an immediate so nothing folds) on one program per
 resident slot (132 x 4 warps on an H200) by %globaltimer stamps (last program's end minus the
-first one's start), in four cache states, each the median of 22 launches:
+first one's start), in six cache states, each the median of 22 launches:
 
   warm     right after the same kernel (its code in the SM instruction caches and the L2)
   l2       after two other straight kernels of 128 KB (instruction caches evicted, L2 kept)
   rstream  after a 256 MB read (the L2 turned over by reads, as a layer's weights do)
   wflush   after a 256 MB write
+  rplain   after a 256 MB read by plain loads of a Triton kernel (`_stream`)
+  rfirst   the same read with eviction_policy="evict_first" (sm_90: an L2 evict_first cache
+           hint on every load), whether such weight reads leave the code in the L2
 
 The code sizes are those the SASS holds (16 bytes an instruction); the cubin is larger (line
 tables). sm_90 only (%globaltimer); a compile of the 128 KB kernel takes ~40 s of one core, so
@@ -57,6 +60,24 @@ def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
     tl.store(t_ptr + pid * 2 + 1, t1)
 
 
+@triton.jit
+def _stream(src_ptr, dst_ptr, n, EV: tl.constexpr, BLOCK: tl.constexpr):
+    # one read of src (int32) over the whole grid, its sum kept so the loads are not dropped
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        p = src_ptr + i + tl.arange(0, BLOCK)
+        if EV == 1:
+            acc += tl.load(p, eviction_policy="evict_first")
+        else:
+            acc += tl.load(p)
+    tl.store(dst_ptr + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def _read(big, dst, ev):
+    src = big.view(-1).view(dst.dtype)
+    _stream[(4 * NPROG,)](src, dst, src.numel(), EV=ev, BLOCK=1024, num_warps=4)
+
+
 def _buffers(torch):
     x = torch.rand(128, device="cuda")
     o = torch.zeros(128 * NPROG, device="cuda")
@@ -79,11 +100,14 @@ def _compile(job):
 def measure(torch, out=print) -> list[dict]:
     x, o, t = _buffers(torch)
     big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(4 * NPROG * 1024, dtype=torch.int32, device="cuda")
     before = {
         "warm": lambda: None,
         "l2": lambda: [_launch(s, salt, x, o, t) for s, salt in EVICTORS],
         "rstream": lambda: torch.sum(big.view(torch.int32), dtype=torch.int64),
         "wflush": lambda: big.fill_(1),
+        "rplain": lambda: _read(big, dst, 0),
+        "rfirst": lambda: _read(big, dst, 1),
     }
     rows = []
     for steps in STEPS:

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                          "in this run")
     ap.add_argument("--knobs", default=None, metavar="JSON",
                     help="named sets of the monokernel's measurement knobs, each timed as a path of its "
-                         "name beside 'mono' in this run: '{\"tkf\": {\"hist_in_scores\": true}}' "
+                         "name beside 'mono' in this run: '{\"tk6\": {\"hist_in_scores\": false}}' "
                          "(mono_glm53.kernels.layer.KNOBS and MEASUREMENT_KWARGS)")
     a = ap.parse_args(argv)
     knob_sets = _knob_sets(ap, a.knobs) if a.knobs else {}

@@ -221,8 +221,9 @@ def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
 
 def test_first_radix_pass_in_the_scores_and_the_radix_loop_give_the_default_bits():
     """hist_in_scores (Plan.TKF: the top-k's first radix pass done by the index scores, its
-    histograms zeroed two stages before), with the q_a/kv_a spans beside the index tiles and
-    without producer-quantised inputs, and radix_loop (Plan.TKL: the passes as one runtime
+    histograms zeroed two stages before; sm_90's default) against the pass as a stage of its
+    own, with the q_a/kv_a spans beside the index tiles and without producer-quantised inputs,
+    and radix_loop (Plan.TKL: the passes as one runtime
     loop, each staged launch one trip of it with a runtime pass number) alone and with it: the
     default's outputs, caches and top-k, three steps in a row (the histograms start from zero
     each step), rows above and at or below the top-k."""
@@ -238,13 +239,16 @@ def test_first_radix_pass_in_the_scores_and_the_radix_loop_give_the_default_bits
         k = GlmLayerKernel(s, c.w, 4, max_seq_len=40, nprog=24, device="cpu", **knobs)
         return k, [kernel_out(c, k, "staged") for _ in range(3)], k.topk.clone()
 
-    _, want, want_topk = steps()
+    k_default, want, want_topk = steps()
     assert (want_topk[:3] >= 0).sum(1).tolist() == [32, 20, 32]
-    for knobs in (dict(hist_in_scores=True, qkva_programs=20, index_split=2),
-                  dict(hist_in_scores=True, xq_producer=False), dict(radix_loop=True),
-                  dict(radix_loop=True, hist_in_scores=True)):
+    # the default (sm_90's options on the interpreter) has the pass in the scores: each form
+    # against it, the pass as a stage of its own among them
+    assert k_default.plan.TKF
+    for knobs in (dict(hist_in_scores=False), dict(qkva_programs=20, index_split=2),
+                  dict(hist_in_scores=False, xq_producer=False), dict(radix_loop=True),
+                  dict(radix_loop=True, hist_in_scores=False)):
         k, got, topk = steps(**knobs)
-        assert k.plan.TKF == knobs.get("hist_in_scores", False) and k.plan.TKL == knobs.get("radix_loop", False)
+        assert k.plan.TKF == knobs.get("hist_in_scores", True) and k.plan.TKL == knobs.get("radix_loop", False)
         for (a, ca), (b, cb) in zip(want, got):
             assert all(torch.equal(x, y) for x, y in zip(a, b)), knobs
             assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), knobs

@@ -11,7 +11,8 @@ import torch
 
 KNOB_SETS = {
     "oproj_fixup": dict(oproj_fixup=True),
-    "hist_in_scores": dict(hist_in_scores=True),
+    # the first radix pass as a stage of its own (sm_90's default has it in the index scores)
+    "hist_in_scores_off": dict(hist_in_scores=False),
     "gateup_forms": dict(gateup_bn=128, gateup_dot=1),
     "splits": dict(qkva_programs=240, index_split=8, index_tile=128, down_step=2),
     # the integer e4m3 rounding instead of sm_90's conversion unit (the default there): the
@@ -20,14 +21,14 @@ KNOB_SETS = {
     # the radix passes as one runtime loop, with and without the first pass in the scores; the
     # code probe's two forms (their stores go to an unused stamp entry)
     "radix_loop": dict(radix_loop=True),
-    "radix_loop_tkf": dict(radix_loop=True, hist_in_scores=True),
+    "radix_loop_tk6": dict(radix_loop=True, hist_in_scores=False),
     # every hand-off a call of one copy of its code, with the delays of the third step
     "sync_call": dict(sync_call=True, radix_loop=True),
     "code_pad": dict(code_pad=["mla", 8]),
     # the next layer's first weights requested ahead (here the layer's own: real addresses)
     "next_layer": dict(next_layer_prefetch="down", sync_call=True),
     "code_pad_loop": dict(code_pad=["oproj", -8]),
-    "all": dict(oproj_fixup=True, hist_in_scores=True, gateup_bn=128, hw_quant=False, radix_loop=True,
+    "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }
 _REF = {}

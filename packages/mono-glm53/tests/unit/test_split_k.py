@@ -94,13 +94,31 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
-    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True}
+    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
-    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True}
-    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True}
+    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True}
+    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
-    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False}
+    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False}
+
+
+def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
+    """Plan.TKF comes on with sm_90's options; hist_in_scores False gives the first radix pass
+    its own stage back (and a code_pad at its hand-off is then allowed), True sets it on a
+    plan without it (gfx950's)."""
+    from mono_glm53.kernels.layer import _with_knobs, folded_handoffs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    assert sm.TKF and folded_handoffs(sm) == (6,) and not hip.TKF and folded_handoffs(hip) == ()
+    off = _with_knobs(sm, s, 264, {"hist_in_scores": False})
+    assert not off.TKF and folded_handoffs(off) == ()
+    assert _with_knobs(sm, s, 264, {"hist_in_scores": False, "code_pad": ["tkhist0", 8]}).PADS == 6
+    with pytest.raises(ValueError, match=r"code_pad \['tkhist0', 8\] is not"):
+        _with_knobs(sm, s, 264, {"code_pad": ["tkhist0", 8]})
+    assert _with_knobs(hip, s, 264, {"hist_in_scores": True}, hip=True).TKF
 
 
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():

@@ -142,7 +142,8 @@ class Plan:
     P1: int = 0
     # o_proj's column tiles summed by their last span into slot 0 (`oproj_fixup`, a knob)
     FIX9: bool = False
-    # the top-k's first radix pass folded into the index scores (`hist_in_scores`, a knob)
+    # the top-k's first radix pass folded into the index scores (set per ISA by `isa_options`,
+    # off with the knob `hist_in_scores`)
     TKF: bool = False
     # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
@@ -279,7 +280,8 @@ KNOBS = {
     "down_step": "Plan.DSTEP, down's slots a pipelined step (1 or 2)",
     "index_tile": "Plan.TB, the index scores' tokens a tile (a power of two in 16..256)",
     "oproj_fixup": "Plan.FIX9, o_proj's column tiles summed by their last span",
-    "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores",
+    "hist_in_scores": "Plan.TKF, the top-k's first radix pass folded into the index scores (sm_90's default; "
+                      "False: a stage of its own)",
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
     "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
@@ -370,8 +372,8 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append(f"oproj_fixup counts {_cdiv(n, BNS)} column tiles; the counter buffer holds {room}")
     # gfx950 (Triton 3.8 compile checks, TP8 rank, session 19): the first pass in the index
     # scores takes 236 -> 244 VGPRs, no spills
-    if k.get("hist_in_scores"):
-        change["TKF"] = True
+    if "hist_in_scores" in k:
+        change["TKF"] = bool(k["hist_in_scores"])
     # gfx950's fp32 -> e4m3 cast has not been checked against torch on hardware here
     if "hw_quant" in k:
         if k["hw_quant"] and hip:
@@ -631,7 +633,7 @@ class GlmLayerKernel:
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"])
+                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"])
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1087,7 +1089,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, FASTCVT, XQP and HWQ of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP, HWQ and TKF of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1104,6 +1106,12 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     (1.05-1.06x at 1-2 rows, TP8 shard, H200, session 16); not on gfx950, whose scalar
     registers it spilled (18 at the TP8 rank, width 2).
 
+    TKF (the top-k's first radix pass in the index scores, one hand-off fewer) on every sm_90
+    shape: the same bits, 1.02-1.04x at 1 row and 1.01x at 8 (TP8 shard, ctx 4096: H200 180.4
+    against 184.4 us in session 21, H100 175.4 against 182.4 in session 23); gfx950 keeps the
+    stage (its VGPRs 236 -> 244 with it, not timed there). sm_90 TP8 rank: 0 spills under
+    Triton 3.8; under 3.6 36 bytes at 2 rows (12 without it), as timed above.
+
     HWQ (the producers' e4m3 roundings on the conversion unit) on every sm_90 shape: the same
     bits, less code. With the waits' failure path a call (mono-common 0.1.14), it is also what
     keeps the sm_90 builds at 0 spills under Triton 3.8 (without it TP8 at 8 rows spills 8
@@ -1111,8 +1119,8 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     not checked against torch on hardware here."""
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm}
 
 
 def launch_options(device) -> dict:

@@ -535,7 +535,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False,
                  TOPK: tl.constexpr = 0, TKF: tl.constexpr = False):
-    # TKF (Plan.TKF, a measurement knob): each tile's scores also go into the row's first
+    # TKF (Plan.TKF, sm_90's default): each tile's scores also go into the row's first
     # top-k histogram (`topk_hist_first`), so the first radix pass has no stage of its own; the
     # histograms are zeroed by stage_qb then, two hand-offs before
     if INDEXER:
@@ -1067,8 +1067,8 @@ def layer_kernel(
     DSTEP: tl.constexpr = 1, P1: tl.constexpr = 0,
     # o_proj's column tiles summed by their last span (Plan.FIX9, a measurement knob)
     FIX9: tl.constexpr = False,
-    # the top-k's first radix pass in the index scores (Plan.TKF), gate_up's MMA form and
-    # column tile (Plan.GDOT, BNG: 0 the default BN): measurement knobs
+    # the top-k's first radix pass in the index scores (Plan.TKF: sm_90's default), gate_up's
+    # MMA form and column tile (Plan.GDOT, BNG: 0 the default BN: measurement knobs)
     TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
     # a measurement probe (Plan.PADS, PADKB): |PADKB| KB of code run by every program after
     # hand-off PADS (`_code_pad`; 0: none)
