@@ -132,8 +132,8 @@ def test_plan_knobs_give_the_default_bits():
     """The plan's knobs only move work between programs or regroup loads: down_step (two slots
     a pipelined step), gateup_split (with this shape's bf16 partial sums), qkva_programs with
     index_split (q_a/kv_a spans and the index tiles on disjoint programs, the path the TP8
-    shard's plan takes; this grid is too small for `make_plan` to take it) and the gate_up forms
-    write the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
+    shard's plan takes; this grid is too small for `make_plan` to take it), the gate_up forms
+    and norm_spread (addnorm's rows in chunks over the programs) write the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
 
@@ -151,12 +151,15 @@ def test_plan_knobs_give_the_default_bits():
     k0, a, ca = run()
     assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(index_tile=32), dict(gateup_bn=16),
-               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2)):
+               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=True)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw
         assert torch.equal(k0.topk[:3], k.topk[:3]), kw
-    assert (k.plan.P1, k.plan.KSI) == (20, 2)
+        if "qkva_programs" in kw:
+            assert (k.plan.P1, k.plan.KSI) == (20, 2)
+        if "norm_spread" in kw:
+            assert k.plan.ANC == 4  # 4 rows x 4 chunks of 64 on 24 programs (8 of 32 would not fit)
     with pytest.raises(ValueError, match=r"unknown knobs \['gate_split'\].*; down_step 3 is not 1 or 2; gateup_dot 2 "
                                          r"is not 0 or 1.*; gateup_split 5 does not divide the 8 K blocks.*; "
                                          r"qkva_programs 24 is not 0 \(no split\) or in 1..23"):

@@ -28,6 +28,8 @@ KNOB_SETS = {
     # the next layer's first weights requested ahead (here the layer's own: real addresses)
     "next_layer": dict(next_layer_prefetch="down", sync_call=True),
     "code_pad_loop": dict(code_pad=["oproj", -8]),
+    # addnorm's rows in chunks over the programs (48 of 128 at 2 rows, 24 of 256 at 8)
+    "norm_spread": dict(norm_spread=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

@@ -121,6 +121,22 @@ def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
     assert _with_knobs(hip, s, 264, {"hist_in_scores": True}, hip=True).TKF
 
 
+def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_program():
+    """norm_spread: Plan.ANC chunks a row, each a power-of-two count of blocks dividing the
+    hidden size, as many as keep (rows x chunks) within the grid (the fewest otherwise); a
+    hidden size past the [4, HB] row tile is refused with what the knob needs."""
+    from mono_glm53.kernels.layer import _with_knobs, addnorm_chunks
+
+    s = REAL.tp_shard(8, 0)
+    assert [addnorm_chunks(s, w, 264, 2048) for w in (1, 2, 4, 8)] == [48, 48, 48, 24]
+    assert addnorm_chunks(s, 8, 16, 2048) == 3  # 2048-wide chunks: 24 items on 16 programs
+    assert addnorm_chunks(s, 1, 264, 1024) == 0  # 6 row tiles of 1024: not the [4, HB] form
+    plan = make_plan(s, 8, True, 264)
+    assert plan.ANC == 0 and _with_knobs(plan, s, 264, {"norm_spread": True}).ANC == 24
+    with pytest.raises(ValueError, match=r"norm_spread needs the hidden size 6144 in at most 4 row tiles of 1024"):
+        _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"norm_spread": True})
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

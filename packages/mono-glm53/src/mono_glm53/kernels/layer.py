@@ -160,6 +160,9 @@ class Plan:
     NXS: int = 0
     # every hand-off a call of one copy of its code on sm_90 (`sync_call`, a knob)
     SYC: bool = False
+    # addnorm's rows each cut into ANC chunks dealt over the programs (`norm_spread`, a knob;
+    # 0: one program a row)
+    ANC: int = 0
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -289,6 +292,8 @@ KNOBS = {
     "next_layer_prefetch": "Plan.NXS, the stage (mla, gateup or down) after whose hand-off every program requests "
                            "the next layer's q_a/kv_a and index weights into the L2 (GlmLayerKernel.next_weights; sm_90)",
     "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
+    "norm_spread": "Plan.ANC, addnorm's rows cut into chunks dealt over the programs, each chunk's program "
+                   "summing its whole row's squares as the one-program form does (the same bits)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -304,6 +309,19 @@ KNOBS = {
 NEXT_PREFETCH_STAGES = {"mla": 12, "gateup": 18, "down": 20}
 # the code_pad probe's largest size: 128 KB of straight-line code compiles in ~40 s on one core
 PAD_MAX_KB = 128
+
+
+def addnorm_chunks(s: GlmLayerShape, width: int, nprog: int, hb: int) -> int:
+    """Chunks a row for `norm_spread`: the most (each a power-of-two count of blocks, dividing
+    the hidden size) with every (row, chunk) item on a program of its own, else the fewest;
+    0 where the hidden size is not whole blocks or not within the [4, HB] row tile the chunks'
+    programs sum the row in."""
+    h, blk = s.hidden, s.block
+    if h % blk or h // hb > 4:
+        return 0
+    sizes = [blk << i for i in range(12) if h % (blk << i) == 0 and blk << i <= h]
+    fit = [h // cb for cb in sizes if width * (h // cb) <= nprog]
+    return max(fit) if fit else h // sizes[-1]
 
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
@@ -384,6 +402,12 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         if hip:
             errors.append("radix_loop spills gfx950's registers: on gfx950 build without it")
         change["TKL"] = True
+    if k.get("norm_spread"):
+        nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
+        if nc == 0:
+            errors.append(f"norm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
+                          f"{plan.HB} and a multiple of its block {s.block}")
+        change["ANC"] = nc
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")

@@ -227,14 +227,56 @@ def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
 
 
 @triton.jit
+def _norm_chunk_out(r, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H: tl.constexpr, CB: tl.constexpr,
+                    BLK: tl.constexpr, XQP: tl.constexpr, HWQ: tl.constexpr):
+    """Row m's normed chunk h0..h0+CB from its fp32 residual sum r [CB] and rstd: hn, and
+    (XQP) its per-BLK quantisation for the q_a/kv_a GEMV."""
+    c = tl.arange(0, CB)
+    hn = r * rstd * tl.load(w_in_ptr + h0 + c).to(tl.float32)
+    tl.store(hn_ptr + m * H + h0 + c, _rbf(hn))
+    if XQP:
+        q, qs = _quant_blocks(_bf16(hn), CB, BLK, HWQ)
+        tl.store(hnq_ptr + m * H + h0 + c, q)
+        tl.store(hns_ptr + m * (H // BLK) + h0 // BLK + tl.arange(0, CB // BLK), qs)
+
+
+@triton.jit
+def _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
+                    W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
+                    HWQ: tl.constexpr, NC: tl.constexpr):
+    """`stage_addnorm` with each row cut into NC chunks, one (row, chunk) an item over the
+    programs (Plan.ANC, the knob `norm_spread`): every item's program computes its row's sum of
+    squares from the whole row exactly as the one-program form does (the same [4, HB] tile and
+    reduction, so the same rstd bits), then writes only its chunk. A program then runs the
+    code of one whole-row load and sum plus a chunk's norm and quantisation, not the whole
+    row's (~20 KB of straight-line SASS run once, at ~0.3 us a KB cold: results README)."""
+    CB: tl.constexpr = H // NC
+    off, cm = _row_as_4_chunks(H, HB)
+    c = tl.arange(0, CB)
+    for t in range(pid, W * NC, nprog):
+        m = t // NC
+        h0 = (t % NC) * CB
+        r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+             + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
+        rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+        rc = (tl.load(x_ptr + m * H + h0 + c).to(tl.float32)
+              + tl.load(res_ptr + m * H + h0 + c).to(tl.float32))
+        tl.store(resid1_ptr + m * H + h0 + c, _rbf(rc))
+        _norm_chunk_out(rc, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H, CB, BLK, XQP, HWQ)
+
+
+@triton.jit
 def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
                   W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
-                  HWQ: tl.constexpr = False):
+                  HWQ: tl.constexpr = False, NC: tl.constexpr = 0):
     # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
     # sum, as SGLang's fused_add_rmsnorm). XQP: also the row quantised per BLK group for the
     # q_a/kv_a GEMV (hnq values, hns scales), the bits its K blocks would otherwise each
-    # compute again (`gemv` XQ)
-    if H // HB <= 4:
+    # compute again (`gemv` XQ). NC > 0 (Plan.ANC, a measurement knob): `_addnorm_spread`
+    if NC > 0:
+        _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
+                        W, H, HB, BLK, XQP, HWQ, NC)
+    elif H // HB <= 4:
         # the whole row as [4, HB] (chunk rows past H // HB masked): every load of the row is
         # issued at once, one memory round trip where the chunk loop took one per chunk and
         # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
@@ -265,12 +307,7 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
             rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
             for h0 in range(0, H, HB):
                 r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
-                hn = r * rstd * tl.load(w_in_ptr + h0 + c).to(tl.float32)
-                tl.store(hn_ptr + m * H + h0 + c, _rbf(hn))
-                if XQP:
-                    q, qs = _quant_blocks(_bf16(hn), HB, BLK, HWQ)
-                    tl.store(hnq_ptr + m * H + h0 + c, q)
-                    tl.store(hns_ptr + m * (H // BLK) + h0 // BLK + tl.arange(0, HB // BLK), qs)
+                _norm_chunk_out(r, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H, HB, BLK, XQP, HWQ)
 
 
 @triton.jit
@@ -1080,6 +1117,9 @@ def layer_kernel(
     # the next layer's first weights requested after hand-off NXS (Plan.NXS; 0: not;
     # `_prefetch_next`), sm_90's fused launch only
     NXS: tl.constexpr = 0,
+    # each addnorm row cut into ANC chunks over the programs (Plan.ANC, a measurement knob:
+    # `_addnorm_spread`; 0: one program a row)
+    ANC: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1130,7 +1170,7 @@ def layer_kernel(
     if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
-                      _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ)
+                      _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ, ANC)
     if FIRST <= 1 and LAST >= 1:
         ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SYC)
         if ok:
