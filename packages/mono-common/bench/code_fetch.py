@@ -74,7 +74,7 @@ def _stream(src_ptr, dst_ptr, n, EV: tl.constexpr, BLOCK: tl.constexpr):
 
 
 def _read(big, dst, ev):
-    src = big.view(-1).view(dst.dtype)
+    src = big.view(dst.dtype)
     _stream[(4 * NPROG,)](src, dst, src.numel(), EV=ev, BLOCK=1024, num_warps=4)
 
 

@@ -133,8 +133,8 @@ def test_plan_knobs_give_the_default_bits():
     a pipelined step), gateup_split (with this shape's bf16 partial sums), qkva_programs with
     index_split (q_a/kv_a spans and the index tiles on disjoint programs, the path the TP8
     shard's plan takes; this grid is too small for `make_plan` to take it), the gate_up forms
-    and norm_spread (addnorm's rows in chunks over the programs) write the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
-    refused, all at once."""
+    and norm_spread (addnorm's rows in chunks over the programs) write the default launch's
+    outputs, MLA rows, index keys and top-k; out-of-range values are refused, all at once."""
     import torch
 
     from mono_glm53.kernels.harness import build_case, kernel_out
@@ -226,8 +226,8 @@ def test_first_radix_pass_in_the_scores_and_the_radix_loop_give_the_default_bits
     """hist_in_scores (Plan.TKF: the top-k's first radix pass done by the index scores, its
     histograms zeroed two stages before; sm_90's default) against the pass as a stage of its
     own, with the q_a/kv_a spans beside the index tiles and without producer-quantised inputs,
-    and radix_loop (Plan.TKL: the passes as one runtime
-    loop, each staged launch one trip of it with a runtime pass number) alone and with it: the
+    and radix_loop (Plan.TKL: the passes as one runtime loop, each staged launch one trip of it
+    with a runtime pass number) alone and with it: the
     default's outputs, caches and top-k, three steps in a row (the histograms start from zero
     each step), rows above and at or below the top-k."""
     import torch

@@ -319,7 +319,7 @@ def addnorm_chunks(s: GlmLayerShape, width: int, nprog: int, hb: int) -> int:
     h, blk = s.hidden, s.block
     if h % blk or h // hb > 4:
         return 0
-    sizes = [blk << i for i in range(12) if h % (blk << i) == 0 and blk << i <= h]
+    sizes = [blk << i for i in range((h // blk).bit_length()) if h % (blk << i) == 0]
     fit = [h // cb for cb in sizes if width * (h // cb) <= nprog]
     return max(fit) if fit else h // sizes[-1]
 

@@ -227,6 +227,15 @@ def _row_as_4_chunks(H: tl.constexpr, HB: tl.constexpr):
 
 
 @triton.jit
+def _row_residual(x_ptr, res_ptr, m, off, cm, H: tl.constexpr, eps):
+    """Row m's fp32 residual sum x + res as the [4, HB] tile of `_row_as_4_chunks`, and its
+    RMSNorm rstd: the one reduction order of every form that norms a whole-row tile."""
+    r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+         + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
+    return r, tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+
+
+@triton.jit
 def _norm_chunk_out(r, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H: tl.constexpr, CB: tl.constexpr,
                     BLK: tl.constexpr, XQP: tl.constexpr, HWQ: tl.constexpr):
     """Row m's normed chunk h0..h0+CB from its fp32 residual sum r [CB] and rstd: hn, and
@@ -246,8 +255,8 @@ def _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, ep
                     HWQ: tl.constexpr, NC: tl.constexpr):
     """`stage_addnorm` with each row cut into NC chunks, one (row, chunk) an item over the
     programs (Plan.ANC, the knob `norm_spread`): every item's program computes its row's sum of
-    squares from the whole row exactly as the one-program form does (the same [4, HB] tile and
-    reduction, so the same rstd bits), then writes only its chunk. A program then runs the
+    squares from the whole row as the one-program form does (`_row_residual`: the same rstd
+    bits), then writes only its chunk. A program then runs the
     code of one whole-row load and sum plus a chunk's norm and quantisation, not the whole
     row's (~20 KB of straight-line SASS run once, at ~0.3 us a KB cold: results README)."""
     CB: tl.constexpr = H // NC
@@ -256,9 +265,7 @@ def _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, ep
     for t in range(pid, W * NC, nprog):
         m = t // NC
         h0 = (t % NC) * CB
-        r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
-             + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
-        rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+        _, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
         rc = (tl.load(x_ptr + m * H + h0 + c).to(tl.float32)
               + tl.load(res_ptr + m * H + h0 + c).to(tl.float32))
         tl.store(resid1_ptr + m * H + h0 + c, _rbf(rc))
@@ -282,11 +289,10 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
         # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
         off, cm = _row_as_4_chunks(H, HB)
         for m in range(pid, W, nprog):
-            r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
-                 + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
+            r, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
             w = tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
             tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
-            hn = r * tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps) * w
+            hn = r * rstd * w
             tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
             if XQP:
                 # the chunk rows are consecutive in the row, so the flattened tile's BLK groups
