@@ -111,9 +111,11 @@ def test_moe_span_gateup_matches_the_reference_and_the_tiles(pattern, W, K, npro
 
 @pytest.mark.parametrize("form", [dict(down_stages=3), dict(down_stages=2, fastcvt=True),
                                   dict(down_stages=3, down_step=2), dict(gate_stages=3),
-                                  dict(down_stages=3, down_ids=True), dict(down_stages=3, down_step=2, down_ids=True)],
+                                  dict(down_stages=3, down_ids=True), dict(down_stages=3, down_step=2, down_ids=True),
+                                  dict(f16=True), dict(down_stages=3, down_step=2, f16=True, gate_dot=1)],
                          ids=["down-pipelined", "down-pipelined-fastcvt", "down-two-slots", "gate-pipelined",
-                              "down-ids-in-registers", "down-two-slots-ids-in-registers"])
+                              "down-ids-in-registers", "down-two-slots-ids-in-registers", "f16",
+                              "f16-two-slots-swap-ab"])
 @pytest.mark.parametrize("pattern,W,K,ksg", [("distinct", 3, 4, None), ("distinct", 2, 4, 2), ("overlap", 4, 3, None),
                                              ("empty", 2, 2, None)],
                          ids=["distinct", "distinct-splitk", "overlap-zero-weight", "shared-only"])
@@ -121,7 +123,8 @@ def test_moe_loop_forms_give_the_same_bits(form, pattern, W, K, ksg):
     # the pipelined down slot loop (slot 0's weights picked by pointer, two slots an iteration
     # with the odd last one dropped) and gate_up's pipelined k-loops reorder loads, never sums:
     # the default form's bits (fastcvt is the cast under the interpreter; its sm_90 path is
-    # checked code by code on the GPU)
+    # checked code by code on the GPU; f16 converts to f16 and multiplies f16 operands, here
+    # through its buffers' f16 bits, on the GPU against fastcvt's bits)
     g = torch.Generator().manual_seed(W * 10 + K + 7)
     experts, shared = _weights(2, seed=3)
     ids, wts = _lists(pattern, W, K, g)
@@ -160,6 +163,9 @@ def test_moe_loop_form_options_are_checked():
         MoePlan.make(H, I, E, 2, 1, 4, gate_stages=-1)
     with pytest.raises(ValueError, match="down_ids is a form of the pipelined down loop"):
         MoePlan.make(H, I, E, 2, 1, 4, down_ids=True)
+    for kw in (dict(fastcvt=True), dict(span=True), dict(span=True, gate_dot=2)):
+        with pytest.raises(ValueError, match="f16 converts the weights for bf16-form MMAs"):
+            MoePlan.make(H, I, E, 2, 1, 4, f16=True, **kw)
 
 
 def test_moe_span_steps_leave_no_stale_partials():

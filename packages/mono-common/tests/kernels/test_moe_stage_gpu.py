@@ -85,3 +85,26 @@ def test_moe_stage_on_gpu(pattern, rows):
         # through SiLU and the requantisation (the interpreter's figure: <= 3e-4)
         assert rel < 2e-3, (li, rel)
         assert (diff <= want.abs() * 2 ** -6 + 1e-3).float().mean() > 0.99, (li, rel)
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_f16_weights_give_the_fastcvt_bits_on_gpu(rows):
+    """f16 (the e4m3 weights to f16 on sm_90's conversion unit, f16 MMAs, the quantised x and
+    SiLU output as f16) against fastcvt (to bf16 on the integer pipes, bf16 MMAs): the same
+    exact products, so the same bits, fused over two steps."""
+    from mono_common.stages.moe_host import MoePlan, alloc_buffers, launch_moe, quantise_x
+
+    L = 2
+    g = torch.Generator(device="cuda").manual_seed(rows + 91)
+    experts = (_fp8_bits((E, 2 * I, H), g), _scales((E, 2 * I // 128, H // 128), g),
+               _fp8_bits((E, H, I), g), _scales((E, H // 128, I // 128), g))
+    shared = (_fp8_bits((L, 2 * I, H), g), _scales((L, 2 * I // 128, H // 128), g),
+              _fp8_bits((L, H, I), g), _scales((L, H // 128, I // 128), g))
+    ids, wts = _lists("distinct", rows, L, g)
+    xq, xs = quantise_x(torch.randn(rows, H, generator=g, device="cuda").to(torch.bfloat16))
+    outs = []
+    for kw in (dict(fastcvt=True), dict(f16=True)):
+        plan = MoePlan.make(H, I, E, TOPK, rows, _nprog(), down_stages=3, down_step=2 if rows >= 8 else 1, **kw)
+        outs.append(launch_moe(plan, xq, xs, ids, wts, experts, shared, SCALE, alloc_buffers(plan, L, "cuda")).clone())
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))

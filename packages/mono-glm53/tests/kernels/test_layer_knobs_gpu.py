@@ -30,6 +30,11 @@ KNOB_SETS = {
     "code_pad_loop": dict(code_pad=["oproj", -8]),
     # addnorm's rows in chunks over the programs (48 of 128 at 2 rows, 24 of 256 at 8)
     "norm_spread": dict(norm_spread=True),
+    # the MoE's weights to bf16 on the integer pipes and bf16 MMAs (the default: to f16 on the
+    # conversion unit and f16 MMAs): the same exact products
+    "moe_bf16": dict(moe_f16=False),
+    # the index keys to f16 on the conversion unit and f16 MMAs: the same exact products
+    "index_f16": dict(index_f16=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

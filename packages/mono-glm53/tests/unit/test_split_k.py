@@ -94,13 +94,17 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
-    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True}
+    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True,
+                                         "MF16": True}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
-    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True}
-    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True}
+    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
+                                         "MF16": False}
+    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
+                                          "MF16": False}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
-    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False}
+    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False,
+                                          "MF16": False}
 
 
 def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
@@ -135,6 +139,36 @@ def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_p
     assert plan.ANC == 0 and _with_knobs(plan, s, 264, {"norm_spread": True}).ANC == 24
     with pytest.raises(ValueError, match=r"norm_spread needs the hidden size 6144 in at most 4 row tiles of 1024"):
         _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"norm_spread": True})
+
+
+def test_moe_f16_is_a_tp8_ranks_sm90_default_its_knob_turns_it_off_and_gfx950_refuses_it():
+    """Plan.MF16 comes with sm_90's options where the down loop is pipelined (a TP8 rank);
+    moe_f16 False gives the bf16 form back, True sets it elsewhere on sm_90; gfx950 refuses it
+    on (it is sm_90's conversion), and takes it off."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
+    sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
+    assert sm.MF16 and not _with_knobs(sm, tp8, 264, {"moe_f16": False}).MF16
+    sm4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
+    assert not sm4.MF16 and _with_knobs(sm4, tp4, 264, {"moe_f16": True}).MF16
+    hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
+    assert not _with_knobs(hip, tp8, 264, {"moe_f16": False}, hip=True).MF16
+    with pytest.raises(ValueError, match=r"moe_f16 is sm_90's e4m3 -> f16 conversion"):
+        _with_knobs(hip, tp8, 264, {"moe_f16": True}, hip=True)
+
+
+def test_index_f16_is_a_knob_of_sm90_only():
+    """index_f16 (the index keys to f16 for f16 MMAs) is off by default, on with the knob on
+    sm_90, refused on gfx950."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    tp8 = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
+    assert not sm.IF16 and _with_knobs(sm, tp8, 264, {"index_f16": True}).IF16
+    hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
+    with pytest.raises(ValueError, match=r"index_f16 is sm_90's e4m3 -> f16 conversion"):
+        _with_knobs(hip, tp8, 264, {"index_f16": True}, hip=True)
 
 
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():

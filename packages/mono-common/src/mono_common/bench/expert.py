@@ -52,6 +52,9 @@ EXPERT_VARIANTS = {
     "tiles2": dict(fastcvt=True, down_stages=3, down_step=2),  # spills 16 bytes at 1 row (sm_90)
     # pipe3cvt / tiles2 with the down loop's expert ids picked from registers: its weights two
     # iterations ahead, not one (sm_90 TTGIR, session 19: async_wait 9 / 18, not 0); not yet run
+    # the weights to f16 on sm_90's conversion unit and f16 MMAs instead of fastcvt's integer path
+    # (the GLM-5.3 layer's moe_f16: -2 % / -3.5 % at 1 / 8 rows there, H100, session 24)
+    "pipe3f16": dict(down_stages=3, f16=True),
     "idv": dict(down_stages=3, fastcvt=True, down_ids=True),
     "idv2": dict(down_stages=3, fastcvt=True, down_step=2, down_ids=True),
 }
@@ -141,7 +144,7 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
                     plan = MoePlan.make(H, I, E, K, rows, nprog, **EXPERT_VARIANTS[vname])
                     row.update(BN=plan.BN, KS=plan.KSG, PER=plan.PER if plan.span else 0, slots=plan.NSLOT)
                     bufs = alloc_buffers(plan, L, dev)
-                    tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
+                    tab = pointer_table(plan, xq, xs, ids, wts, experts, shared, bufs)
                     if check:
                         launch_moe(plan, xq, xs, ids, wts, experts, shared, 2.5, bufs, tab=tab)
                         uniq = ids[0].unique()

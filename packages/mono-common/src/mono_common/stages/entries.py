@@ -204,6 +204,8 @@ def _moe_step(tab, li, arrived, routed_scale,
     f32: tl.constexpr = tl.float32
     i32: tl.constexpr = tl.int32
     u8: tl.constexpr = tl.uint8
+    # FASTCVT CVT_F16: the quantised x and SiLU output as f16 (`moe_host.pointer_table`)
+    xdt: tl.constexpr = tl.float16 if FASTCVT == 2 else tl.bfloat16
     l64 = tl.cast(li, tl.int64)  # L shared experts pass 2^31 bytes
     se = _tp(tab, MOE_SLOT_E, i32, False) + li * NSLOT
     sw = _tp(tab, MOE_SLOT_W, f32, False) + li * (W * NSLOT)
@@ -213,7 +215,7 @@ def _moe_step(tab, li, arrived, routed_scale,
         wmat, used = slot_lists(_tp(tab, MOE_IDS, i32, False) + li * (W * K),
                                 _tp(tab, MOE_WTS, f32, False) + li * (W * K), W, WP2, E, K)
         csum, nu = fill_slots(pid, wmat, used, se, sw, ns, W, WP2, E, NSLOT)
-        moe_gateup(pid, nprog, used, csum, nu, _tp(tab, MOE_XQ, tl.bfloat16), _tp(tab, MOE_XS, f32),
+        moe_gateup(pid, nprog, used, csum, nu, _tp(tab, MOE_XQ, xdt), _tp(tab, MOE_XS, f32),
                    _tp(tab, MOE_W13, u8), _tp(tab, MOE_S13, f32), _tp(tab, MOE_WSH13, u8) + l64 * sh13_l,
                    _tp(tab, MOE_SSH13, f32) + l64 * ss13_l, _tp(tab, MOE_GU, f32), W, BM, H, E, I, BN, BLK, KSG,
                    NSLOT, SPAN, PER, FASTCVT, GDOT, GSTG)
@@ -221,13 +223,13 @@ def _moe_step(tab, li, arrived, routed_scale,
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
     if FIRST <= 1 and LAST >= 1:
-        moe_silu(pid, nprog, _tp(tab, MOE_GU, f32), _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32),
+        moe_silu(pid, nprog, _tp(tab, MOE_GU, f32), _tp(tab, MOE_INTER, xdt), _tp(tab, MOE_INTERS, f32),
                  ns, W, I, KSG, BI, NSLOT, BLK)
     if FIRST <= 1 and LAST >= 2:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
     if LAST == 2:
-        moe_down(pid, nprog, _tp(tab, MOE_INTER, tl.bfloat16), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
+        moe_down(pid, nprog, _tp(tab, MOE_INTER, xdt), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
                  _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l, _tp(tab, MOE_SSH2, f32) + l64 * ss2_l,
                  se, sw, ns, _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM, H, I, BND, BLK,
                  NSLOT, DSTG, FASTCVT, DSTEP, IDV)
@@ -255,7 +257,8 @@ def moe_entry(tab, routed_scale, L0, L,
     as twenty pointer arguments they would hold gfx950's scalar registers through every stage.
     SPAN / PER: gate_up as stream-K spans (`stages.moe.moe_gateup`), a bench variant. DSTG:
     down's slot loop pipelined DSTG deep, DSTEP slots an iteration; FASTCVT: e4m3 weights
-    converted on sm_90's integer and bf16 pipes; GDOT / GSTG: gate_up's MMA form and k-loop
+    converted on sm_90's integer and bf16 pipes (1), or to f16 for f16 MMAs (2, the quantised
+    x and SiLU output then f16 too); GDOT / GSTG: gate_up's MMA form and k-loop
     depth; IDV: down's pipelined loop picks the expert ids from registers (`stages.moe`)."""
     arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
     # no loop-invariant code motion: the lane masks and offsets of the three stages do not

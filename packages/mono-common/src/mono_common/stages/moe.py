@@ -33,14 +33,15 @@ timing. Reference: `mono_common.ref.moe`.
 
 Loop forms (constexprs, the same sums in the same order): down's slots as one pipelined loop
 (DSTG deep, DSTEP slots an iteration), gate_up's MMA form and k-loop depth (GDOT, GSTG), and
-the e4m3 weights converted on sm_90's integer and bf16 pipes (FASTCVT).
+the e4m3 weights converted on sm_90's integer and bf16 pipes (FASTCVT True), or to f16 on its
+conversion unit for f16 MMAs (FASTCVT `gemv.CVT_F16`: the same exact products).
 """
 
 import triton
 import triton.language as tl
 
-from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
-from mono_common.stages.numerics import bf16r, div_rn, dot, e4m3_bf16, quant_blocks, rbf
+from mono_common.stages.gemv import CVT_F16, DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
+from mono_common.stages.numerics import bf16r, div_rn, dot, dot16, e4m3_bf16, e4m3_f16, quant_blocks, rbf
 from mono_common.stages.prefetch import prefetch_range
 
 
@@ -205,6 +206,17 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
 
 
 @triton.jit
+def _slot_dot(xq, wq, FASTCVT: tl.constexpr):
+    """xq [BM, BLK] @ the e4m3 codes wq [BND, BLK]^T, exact products in fp32: bf16 MMAs on the
+    weights converted as FASTCVT says (`numerics.e4m3_bf16`), or f16 ones (CVT_F16)."""
+    if FASTCVT == CVT_F16:
+        r = dot16(xq, tl.trans(e4m3_f16(wq)))
+    else:
+        r = dot(xq, tl.trans(e4m3_bf16(wq, FASTCVT)))
+    return r
+
+
+@triton.jit
 def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
               cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
               BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr = False):
@@ -227,9 +239,9 @@ def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr,
         # the SiLU stage quantised the input already (e4m3 values as bf16, scales in inters)
         xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
         sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
-        w = e4m3_bf16(tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :]), FASTCVT)
+        wq = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
         sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
-        acc += dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
+        acc += _slot_dot(xq, wq, FASTCVT) * (sxq[:, None] * sw)
     return bf16r(acc)  # each expert's down GEMM writes bf16
 
 
@@ -256,9 +268,9 @@ def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_
         xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + kb * BLK + kk[None, :], mask=rmask[:, None],
                      other=0.0)
         sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + kb, mask=rmask, other=0.0)
-        w = e4m3_bf16(tl.load(wb + cols[:, None].to(tl.int64) * I + kb * BLK + kk[None, :]), FASTCVT)
+        wq = tl.load(wb + cols[:, None].to(tl.int64) * I + kb * BLK + kk[None, :])
         sw = tl.load(sb + cb * NKB + kb)
-        acc += dot(xq, tl.trans(w)) * (sxq[:, None] * sw)
+        acc += _slot_dot(xq, wq, FASTCVT) * (sxq[:, None] * sw)
     return bf16r(acc)  # each expert's down GEMM writes bf16
 
 

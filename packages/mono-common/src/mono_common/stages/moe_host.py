@@ -48,6 +48,14 @@ class MoePlan:
     gate_dot: int = 0  # gate_up's MMA form: 0 x @ w^T, 1 swap-AB w @ x^T (bf16), 2 swap-AB e4m3 (span default)
     gate_stages: int = 0  # gate_up's k-loops pipelined this deep with every load (0: Triton's default)
     down_ids: bool = False  # the pipelined down loop picks the slots' expert ids from registers (moe_down IDV)
+    # e4m3 weights converted to f16 on sm_90's conversion unit for f16 MMAs (FASTCVT gemv.CVT_F16),
+    # xq and inter held as f16 bits in their bf16 buffers (`pointer_table`): the same exact products
+    f16: bool = False
+
+    @property
+    def FASTCVT(self) -> int:
+        """The stages' FASTCVT: 2 (`gemv.CVT_F16`) for f16, else fastcvt."""
+        return 2 if self.f16 else int(self.fastcvt)
 
     @property
     def BM(self) -> int:
@@ -66,12 +74,17 @@ class MoePlan:
     def make(H: int, I: int, E: int, K: int, W: int, nprog: int, bn: int | None = None, bnd: int = 32,  # noqa: E741
              blk: int = 128, ksg: int | None = None, num_warps: int = 4, span: bool = False,
              per: int | None = None, down_stages: int = 0, fastcvt: bool = False, down_step: int = 1,
-             gate_dot: int | None = None, gate_stages: int = 0, down_ids: bool = False) -> MoePlan:
+             gate_dot: int | None = None, gate_stages: int = 0, down_ids: bool = False,
+             f16: bool = False) -> MoePlan:
         """`span`: gate_up as stream-K spans of `per` items (default: the shared expert's and one
         row's top-k items over the grid, as split-K picks its factor), BN 128 unless given;
         else split-K tiles, BN 64 unless given. `down_stages`: down's slot loop pipelined this
         deep (`stages.moe._down_tile_pipelined`); `fastcvt`: sm_90's weight conversion (a CUDA
-        launch only; `launch_moe` refuses it elsewhere)."""
+        launch only; `launch_moe` refuses it elsewhere); `f16`: the weights to f16 and f16 MMAs
+        instead (sm_90 too; not with fastcvt, nor with the spans' e4m3 MMA form)."""
+        if f16 and (fastcvt or gate_dot == 2 or (span and gate_dot is None)):
+            raise ValueError("f16 converts the weights for bf16-form MMAs: not with fastcvt, nor with the spans' "
+                             "e4m3 MMA form (gate_dot 2, the span default)")
         if down_stages < 0 or gate_stages < 0:
             raise ValueError(f"pipelining depths {down_stages}, {gate_stages} must be 0 (off) or more")
         if down_step not in (1, 2) or (down_step == 2 and not down_stages):
@@ -83,7 +96,7 @@ class MoePlan:
         if gate_dot not in ((0, 1, 2) if span else (0, 1)):
             raise ValueError(f"gate_up MMA form {gate_dot}: 0 (x @ w^T), 1 (w @ x^T) or, spans only, 2 (e4m3 w @ x^T)")
         loop = dict(down_stages=down_stages, fastcvt=fastcvt, down_step=down_step, gate_dot=gate_dot,
-                    gate_stages=gate_stages, down_ids=down_ids)
+                    gate_stages=gate_stages, down_ids=down_ids, f16=f16)
         if H % blk or H % bnd:
             raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
         if E & (E - 1):
@@ -155,14 +168,17 @@ def _check(plan: MoePlan, xq, xs, ids, wts, experts, shared):
         raise ValueError("MoE stage inputs must be contiguous (the kernel computes row-major offsets)")
 
 
-def pointer_table(xq, xs, ids, wts, experts, shared, bufs: dict):
-    """The int64 pointer table of `stages.entries.moe_entry` (slots `MOE_*`), on x's device."""
+def pointer_table(plan: MoePlan, xq, xs, ids, wts, experts, shared, bufs: dict):
+    """The int64 pointer table of `stages.entries.moe_entry` (slots `MOE_*`), on x's device.
+    The quantised x goes in as the stages read it: xq itself, or (plan.f16) its values as f16
+    bits in a bf16 tensor (exact: e4m3 values), kept in bufs["xk"] while the table points at it."""
     import torch
 
     from mono_common.stages import entries as EN
 
+    bufs["xk"] = xq.to(torch.float16).view(torch.bfloat16) if plan.f16 else xq
     by_slot = {
-        EN.MOE_IDS: ids, EN.MOE_WTS: wts, EN.MOE_XQ: xq, EN.MOE_XS: xs,
+        EN.MOE_IDS: ids, EN.MOE_WTS: wts, EN.MOE_XQ: bufs["xk"], EN.MOE_XS: xs,
         EN.MOE_W13: experts[0], EN.MOE_S13: experts[1], EN.MOE_W2: experts[2], EN.MOE_S2: experts[3],
         EN.MOE_WSH13: shared[0], EN.MOE_SSH13: shared[1], EN.MOE_WSH2: shared[2], EN.MOE_SSH2: shared[3],
         EN.MOE_GU: bufs["gu"], EN.MOE_INTER: bufs["inter"], EN.MOE_INTERS: bufs["inters"],
@@ -190,14 +206,15 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
     from mono_common.stages.entries import moe_entry
 
     _check(plan, xq, xs, ids, wts, experts, shared)
-    if plan.fastcvt and xq.device.type == "cuda" and torch.version.hip:
-        raise ValueError("fastcvt is sm_90 PTX: a HIP device converts with the plain cast (fastcvt=False)")
+    if (plan.fastcvt or plan.f16) and xq.device.type == "cuda" and torch.version.hip:
+        raise ValueError("fastcvt and f16 are sm_90's conversions: a HIP device converts with the plain cast "
+                         "(fastcvt=False, f16=False)")
     if staged and barrier:
         raise ValueError("a staged launch has no hand-offs (barrier needs the fused launch)")
     p = plan
     L = ids.shape[0]
     if tab is None:
-        tab = pointer_table(xq, xs, ids, wts, experts, shared, bufs)
+        tab = pointer_table(plan, xq, xs, ids, wts, experts, shared, bufs)
     # with hand-offs every program must be resident: a cooperative launch refuses a grid that
     # is not, instead of spinning forever
     opts = dict(launch_cooperative_grid=True) if not staged and xq.device.type == "cuda" else {}
@@ -215,7 +232,7 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
                 tab, float(routed_scale), l0, n,
                 W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
                 KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, SPAN=p.span, PER=p.PER,
-                DSTG=p.down_stages, FASTCVT=p.fastcvt, DSTEP=p.down_step, GDOT=p.gate_dot, GSTG=p.gate_stages,
+                DSTG=p.down_stages, FASTCVT=p.FASTCVT, DSTEP=p.down_step, GDOT=p.gate_dot, GSTG=p.gate_stages,
                 IDV=p.down_ids,
                 num_warps=p.num_warps, **opts)
     return bufs["out"]

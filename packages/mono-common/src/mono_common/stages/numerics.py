@@ -10,6 +10,9 @@ All functions are `@triton.jit` device functions on fp32 tensors of any shape:
   e4m3_bf16(w, FAST) -> bf16  uint8 e4m3fn codes -> bf16 values (FAST: on the integer and bf16
                           FMA pipes instead of the conversion unit, sm_90 only)
   dot(a, b) -> fp32       bf16 x bf16 -> fp32 tl.dot (fp32 IEEE upcasts under the interpreter)
+  dot16(a, b) -> fp32     the same on f16 operands
+  e4m3_f16(w) -> f16      uint8 e4m3fn codes -> f16 values (sm_90's conversion unit, a pair an
+                          instruction)
   dot_fp8(w, xt) -> fp32  e4m3 x e4m3 tl.dot on FP8 tensor cores
   quant_blocks(v [D], D, BLK, HW) -> (e4m3 values as bf16 [D], fp32 scale [D // BLK])
                           per-BLK-group activation quantisation (SGLang's per_token_group_quant)
@@ -34,6 +37,17 @@ def dot(a, b):
                    input_precision="ieee")
     else:
         r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return r
+
+
+@triton.jit
+def dot16(a, b):
+    """f16 x f16 -> fp32 dot (operands rounded to f16 first; e4m3 values are exact in f16 as in
+    bf16, so on e4m3 values this is `dot`'s sum of exact products)."""
+    if INTERP:
+        r = tl.dot(a.to(tl.float16).to(tl.float32), b.to(tl.float16).to(tl.float32), input_precision="ieee")
+    else:
+        r = tl.dot(a.to(tl.float16), b.to(tl.float16))
     return r
 
 
@@ -149,6 +163,14 @@ def e4m3_bf16(w, FAST: tl.constexpr = False):
     else:
         v = w.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
     return v
+
+
+@triton.jit
+def e4m3_f16(w):
+    """uint8 e4m3fn codes -> f16 values (any shape), exact: one conversion-unit instruction a
+    pair of values (sm_89+ `cvt.rn.f16x2.e4m3x2`), where `e4m3_bf16`'s FAST path takes ~6
+    integer and bf16 instructions a pair (for `dot16`)."""
+    return w.to(tl.float8e4nv, bitcast=True).to(tl.float16)
 
 
 @triton.jit

@@ -163,6 +163,13 @@ class Plan:
     # addnorm's rows each cut into ANC chunks dealt over the programs (`norm_spread`, a knob;
     # 0: one program a row)
     ANC: int = 0
+    # the MoE's e4m3 weights converted to f16 by sm_90's conversion unit for f16 MMAs, its
+    # quantised inputs (h2q, inter) stored as f16 bits in their bf16 buffers (set per ISA by
+    # `isa_options`, off with the knob `moe_f16`: the same exact products)
+    MF16: bool = False
+    # the index scores' e4m3 keys converted to f16 by sm_90's conversion unit for f16 MMAs
+    # (`index_f16`, a knob: the same exact products)
+    IF16: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -294,6 +301,11 @@ KNOBS = {
     "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
     "norm_spread": "Plan.ANC, addnorm's rows cut into chunks dealt over the programs, each chunk's program "
                    "summing its whole row's squares as the one-program form does (the same bits)",
+    "moe_f16": "Plan.MF16, the MoE's e4m3 weights converted to f16 on sm_90's conversion unit (one instruction a "
+               "pair) for f16 MMAs, not to bf16 on its integer pipes (~6 a pair): the same exact products (a TP8 "
+               "rank's sm_90 default; False: the bf16 form)",
+    "index_f16": "Plan.IF16, the index scores' e4m3 keys converted to f16 on sm_90's conversion unit for f16 "
+                 "MMAs, as moe_f16 does the MoE's weights: the same exact products",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -408,6 +420,14 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append(f"norm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
                           f"{plan.HB} and a multiple of its block {s.block}")
         change["ANC"] = nc
+    if "moe_f16" in k:
+        if k["moe_f16"] and hip:
+            errors.append("moe_f16 is sm_90's e4m3 -> f16 conversion: on gfx950 build without it")
+        change["MF16"] = bool(k["moe_f16"])
+    if k.get("index_f16"):
+        if hip:
+            errors.append("index_f16 is sm_90's e4m3 -> f16 conversion: on gfx950 build without it")
+        change["IF16"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -657,7 +677,7 @@ class GlmLayerKernel:
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"])
+                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"], MF16=isa["MF16"])
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1113,7 +1133,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, FASTCVT, XQP, HWQ and TKF of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF and MF16 of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1140,11 +1160,19 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     bits, less code. With the waits' failure path a call (mono-common 0.1.14), it is also what
     keeps the sm_90 builds at 0 spills under Triton 3.8 (without it TP8 at 8 rows spills 8
     bytes); under 3.6 they spill 8-12 bytes either way (CHANGELOG 0.3.16). gfx950: its cast is
-    not checked against torch on hardware here."""
+    not checked against torch on hardware here.
+
+    MF16 (the MoE's e4m3 weights to f16 on the conversion unit, one instruction a pair, and f16
+    MMAs; the knob `moe_f16` turns it off) where FASTCVT is on: the same bits (the GPU knob
+    test, fused with stage delays at 2 and 8 rows; the bench's digest). At 8 rows the integer
+    conversion was 47 % of the MoE stages' executed instructions (Nsight Compute, H100, session
+    24); the layer 176.4 -> 172.9 us at 1 row and 310.8 -> 298.5 at 8 (H100, TP8 shard, ctx
+    4096, two calls alike). TP8 rank: 0 spills under Triton 3.8; under 3.6 (the shard alone) 36
+    bytes at 2 rows as without it, 40 at 8. Not on other shapes (not timed there) nor gfx950."""
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False}
 
 
 def launch_options(device) -> dict:

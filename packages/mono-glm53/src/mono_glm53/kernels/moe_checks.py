@@ -62,9 +62,11 @@ def moe_stages(k, w: dict, s: GlmLayerShape, n: int, cpu_weights: dict) -> tuple
     ns = int(k.nslot.item())
     slot_e = k.slot_e[:ns].cpu().tolist()
     slot_w = k.slot_w[:n, :ns].float().cpu()
-    h2q, h2s = _e4m3(k.h2q[:n].cpu()), k.h2s[:n].float().cpu()
+    # Plan.MF16 (the knob moe_f16): the quantised inputs are f16 bits in the bf16 buffers
+    h2q_t, inter_t = (k.h2q.view(torch.float16), k.inter.view(torch.float16)) if k.plan.MF16 else (k.h2q, k.inter)
+    h2q, h2s = _e4m3(h2q_t[:n].cpu()), k.h2s[:n].float().cpu()
     gu = k.gu[:ns, :, :n].float().cpu()
-    inter, inters = k.inter[:ns, :n].cpu(), k.inters[:ns, :n].float().cpu()
+    inter, inters = inter_t[:ns, :n].to(torch.bfloat16).cpu(), k.inters[:ns, :n].float().cpu()
     gate_rel, codes_eq, scales_eq = 0.0, [], []
     shared = torch.zeros(n, s.hidden, dtype=torch.float32)
     routed = torch.zeros(n, s.hidden, dtype=torch.float32)

@@ -78,6 +78,7 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
+from mono_common.stages.gemv import CVT_F16 as _CVT_F16
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
@@ -94,7 +95,9 @@ from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
 from mono_common.stages.numerics import bf16r as _bf16
 from mono_common.stages.numerics import div_rn as _div
 from mono_common.stages.numerics import dot as _dot
+from mono_common.stages.numerics import dot16 as _dot16
 from mono_common.stages.numerics import e4m3_bf16 as _e4m3_bf16
+from mono_common.stages.numerics import e4m3_f16 as _e4m3_f16
 from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
@@ -577,7 +580,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                  stride_rtt, scores_ptr, max_tb, stride_sc, tkh_ptr,
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False,
-                 TOPK: tl.constexpr = 0, TKF: tl.constexpr = False):
+                 TOPK: tl.constexpr = 0, TKF: tl.constexpr = False, IF16: tl.constexpr = False):
     # TKF (Plan.TKF, sm_90's default): each tile's scores also go into the row's first
     # top-k histogram (`topk_hist_first`), so the first radix pass has no stage of its own; the
     # histograms are zeroed by stage_qb then, two hand-offs before
@@ -607,10 +610,14 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
             off = phys % PG
             kb = idx_cache_ptr + pg * (PG * (ID + 4))
             kc = tl.load(kb[:, None] + off[:, None] * ID + d[None, :], mask=tv[:, None], other=0)
-            k = _e4m3_bf16(kc, FASTCVT)
             ks = tl.load((kb + PG * ID).to(tl.pointer_type(tl.float32)) + off, mask=tv, other=0.0)
             q = tl.load(iq8_ptr + (m * IH + hh[:, None]) * ID + d[None, :], mask=hm[:, None], other=0.0)
-            s = _dot(q, tl.trans(k))  # [IHP, TB]: exact fp8 products, fp32 sum
+            # [IHP, TB]: exact fp8 products, fp32 sum (IF16: the keys to f16 on the conversion
+            # unit and f16 MMAs, the same products)
+            if IF16:
+                s = _dot16(q, tl.trans(_e4m3_f16(kc)))
+            else:
+                s = _dot(q, tl.trans(_e4m3_bf16(kc, FASTCVT)))
             wt = tl.load(iwt_ptr + m * IH + hh, mask=hm, other=0.0)
             logit = tl.sum(tl.maximum(s, 0.0) * wt[:, None], 0) * ks
             tl.store(scores_ptr + m * stride_sc + ti, logit, mask=tv)
@@ -1126,6 +1133,12 @@ def layer_kernel(
     # each addnorm row cut into ANC chunks over the programs (Plan.ANC, a measurement knob:
     # `_addnorm_spread`; 0: one program a row)
     ANC: tl.constexpr = 0,
+    # the MoE's weights to f16 on the conversion unit, f16 MMAs, its quantised inputs (h2q,
+    # inter) stored as f16 in their bf16-typed buffers (Plan.MF16: a TP8 rank's sm_90 default)
+    MF16: tl.constexpr = False,
+    # the index scores' e4m3 keys to f16 on the conversion unit, f16 MMAs (Plan.IF16, a
+    # measurement knob)
+    IF16: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1144,6 +1157,8 @@ def layer_kernel(
         row = row.to(tl.pointer_type(TABLE_RO))
     bf16: tl.constexpr = tl.bfloat16
     f32: tl.constexpr = tl.float32
+    # the MoE's quantised inputs (h2q, inter): bf16 slots holding f16 bits under Plan.MF16
+    xmoe: tl.constexpr = tl.float16 if MF16 else tl.bfloat16
     i32: tl.constexpr = tl.int32
     i64: tl.constexpr = tl.int64
     u8: tl.constexpr = tl.uint8
@@ -1230,7 +1245,7 @@ def layer_kernel(
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
-                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF)
+                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     if TKL:
@@ -1310,7 +1325,7 @@ def layer_kernel(
                        CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
         if ok:
             stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
-                         _p(row, P.H2Q, bf16), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
+                         _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
@@ -1319,18 +1334,18 @@ def layer_kernel(
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
         if ok:
-            stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, bf16), _p(row, P.H2S, f32),
+            stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
-                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, FASTCVT,
-                         GDOT)
+                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED,
+                         _CVT_F16 if MF16 else FASTCVT, GDOT)
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
                        CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
         if ok:
-            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, bf16), _p(row, P.INTERS, f32),
+            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
                        _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
     if FIRST <= 20 and LAST >= 20:
         if ok:
@@ -1340,12 +1355,12 @@ def layer_kernel(
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
         if ok:
-            ok = stage_down(pid, nprog, _p(row, P.INTER, bf16), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
+            ok = stage_down(pid, nprog, _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
                             _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.OUT, bf16),
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, FASTCVT, DSTEP)
+                            R, RP2, CLOCK, FAULT, DSTG, _CVT_F16 if MF16 else FASTCVT, DSTEP)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
