@@ -404,11 +404,15 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
     # scores takes 236 -> 244 VGPRs, no spills
     if "hist_in_scores" in k:
         change["TKF"] = bool(k["hist_in_scores"])
-    # gfx950's fp32 -> e4m3 cast has not been checked against torch on hardware here
-    if "hw_quant" in k:
-        if k["hw_quant"] and hip:
-            errors.append("hw_quant is sm_90's conversion unit: on gfx950 build without it")
-        change["HWQ"] = bool(k["hw_quant"])
+    # sm_90's conversions, a bool each, only off on gfx950: its fp32 -> e4m3 cast has not been
+    # checked against torch on hardware here (hw_quant), and the e4m3 -> f16 forms are PTX
+    for name, field, what in (("hw_quant", "HWQ", "sm_90's conversion unit"),
+                              ("moe_f16", "MF16", "sm_90's e4m3 -> f16 conversion"),
+                              ("index_f16", "IF16", "sm_90's e4m3 -> f16 conversion")):
+        if name in k:
+            if k[name] and hip:
+                errors.append(f"{name} is {what}: on gfx950 build without it")
+            change[field] = bool(k[name])
     # gfx950 (Triton 3.8, TP8 rank, width 2): the loop spilled 38 registers
     if k.get("radix_loop"):
         if hip:
@@ -420,14 +424,6 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append(f"norm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
                           f"{plan.HB} and a multiple of its block {s.block}")
         change["ANC"] = nc
-    if "moe_f16" in k:
-        if k["moe_f16"] and hip:
-            errors.append("moe_f16 is sm_90's e4m3 -> f16 conversion: on gfx950 build without it")
-        change["MF16"] = bool(k["moe_f16"])
-    if k.get("index_f16"):
-        if hip:
-            errors.append("index_f16 is sm_90's e4m3 -> f16 conversion: on gfx950 build without it")
-        change["IF16"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")

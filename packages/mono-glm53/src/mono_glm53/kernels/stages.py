@@ -97,8 +97,8 @@ from mono_common.stages.numerics import div_rn as _div
 from mono_common.stages.numerics import dot as _dot
 from mono_common.stages.numerics import dot16 as _dot16
 from mono_common.stages.numerics import e4m3_bf16 as _e4m3_bf16
-from mono_common.stages.numerics import e4m3_f16 as _e4m3_f16
 from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
+from mono_common.stages.numerics import e4m3_f16 as _e4m3_f16
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
 from mono_common.stages.numerics import rbf as _rbf
