@@ -84,6 +84,32 @@ def test_one_percent_expert_scale_error_fails(name, metric):
         assert "glm53_layer.moe_gateup_given_h2.rel_l2_max" not in bad, bad
 
 
+def test_moe_checks_read_the_f16_form_and_its_scale_error_still_fails():
+    """Where the MoE converts its weights to f16 (Plan.MF16: a slot's K in two blocks, as a TP8
+    rank's; its quantised inputs are f16 bits in bf16 buffers), the MoE stage checks read those
+    inputs as f16: the right kernel passes every stage exactly as the bf16 form does, and a
+    1 % error in the down projection's scales still fails down's check alone."""
+    s = tiny(index_heads=8, moe_inter=64)
+    c = build_case(s, 2, 40, True, seed=42)
+    r_out, r_caches = reference_out(c)
+    metrics = {}
+    for f16 in (True, False):
+        k = GlmLayerKernel(s, c.w, 2, max_seq_len=40, nprog=NPROG, device="cpu", moe_f16=f16)
+        assert k.plan.MF16 == f16
+        k_out, k_caches = kernel_out(c, k, "staged")
+        metrics[f16] = m = compare(c, r_out, r_caches, k_out, k_caches, k)
+        assert not failures(m), (f16, failures(m))
+        assert m["glm53_layer.moe_inter_given_gateup.codes_equal_min"] == 1.0, m
+    moe = [key for key in metrics[True] if ".moe_" in key]
+    assert moe and all(metrics[True][key] == metrics[False][key] for key in moe), moe
+    wrong = dict(c.w)
+    wrong["mlp.experts.w2_weight_scale_inv"] = c.w["mlp.experts.w2_weight_scale_inv"] * 1.01
+    k = GlmLayerKernel(s, wrong, 2, max_seq_len=40, nprog=NPROG, device="cpu")
+    k_out, k_caches = kernel_out(c, k, "staged")
+    bad = failures(compare(c, r_out, r_caches, k_out, k_caches, k))
+    assert "glm53_layer.moe_down_given_inter.rel_l2_max" in bad and not any("gateup" in b for b in bad), bad
+
+
 def test_replay_check_compares_with_the_staged_launch():
     s = tiny(index_heads=8)
     c = build_case(s, 2, 10, True, seed=3)
