@@ -35,13 +35,15 @@ import glob
 import gzip
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 
-_INSN = re.compile(r"\s*/\*([0-9a-f]{4,})\*/")
-_FRAME = re.compile(r'"([^"]+)", line (\d+)')
+# the disassembly's instruction and line-information patterns and the stage blocks of
+# layer_kernel, as code_size.py (beside this file) reads them
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from code_size import _FRAME, _INSN, stage_blocks  # noqa: E402
+
 REASONS = ("barrier", "long_sb", "no_inst", "wait", "selected", "short_sb", "branch_resolving", "membar")
 
 # mono-common functions that are one stage's code (the rest, such as a GEMV tile or a numerics
@@ -70,9 +72,6 @@ class StageMap:
     def __init__(self):
         import mono_common.stages.gemv as gemv
         from mono_glm53.kernels import stages as S
-
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from code_size import stage_blocks
 
         self.kstart, self.blocks = stage_blocks(open(S.__file__).read(), S.STAGE_NAMES)
         self.glm_funcs = _function_lines(S.__file__)

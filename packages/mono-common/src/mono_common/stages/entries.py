@@ -30,6 +30,7 @@ from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
+from mono_common.stages.numerics import CVT_F16
 from mono_common.stages.prefetch import prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
@@ -205,7 +206,7 @@ def _moe_step(tab, li, arrived, routed_scale,
     i32: tl.constexpr = tl.int32
     u8: tl.constexpr = tl.uint8
     # FASTCVT CVT_F16: the quantised x and SiLU output as f16 (`moe_host.pointer_table`)
-    xdt: tl.constexpr = tl.float16 if FASTCVT == 2 else tl.bfloat16
+    xdt: tl.constexpr = tl.float16 if FASTCVT == CVT_F16 else tl.bfloat16
     l64 = tl.cast(li, tl.int64)  # L shared experts pass 2^31 bytes
     se = _tp(tab, MOE_SLOT_E, i32, False) + li * NSLOT
     sw = _tp(tab, MOE_SLOT_W, f32, False) + li * (W * NSLOT)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from mono_common.device.guard import arrive_last
-from mono_common.stages.numerics import dot, dot16, dot_fp8, e4m3_bf16, e4m3_f16, quant_rows
+from mono_common.stages.numerics import CVT_F16, dot, dot_as, dot_fp8, e4m3_operand, quant_rows
 
 FMT_BF16 = tl.constexpr(0)
 FMT_FP8 = tl.constexpr(1)
@@ -39,8 +39,6 @@ FMT_FP8 = tl.constexpr(1)
 # swap-AB w [BN, BLK] @ x^T (columns on the M side, rows on N), in bf16 or, for FP8 weights,
 # with both operands e4m3 (FP8 tensor cores; their in-block accumulation is not exact fp32).
 DOT_XW = tl.constexpr(0)
-# FASTCVT's third form (sm_89+): e4m3 weights to f16 by the conversion unit, f16 MMAs
-CVT_F16 = tl.constexpr(2)
 DOT_WX = tl.constexpr(1)
 DOT_WX_FP8 = tl.constexpr(2)
 
@@ -63,8 +61,8 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
     """acc += the contribution of K block kb, its weight block w [BN, BLK] loaded. acc is
     [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side).
     FASTCVT: the bf16 MMA forms convert the e4m3 weights with `numerics.e4m3_bf16`'s sm_90 path
-    (True / 1), or CVT_F16: to f16 on the conversion unit, and the MMA on f16 operands (`dot16`:
-    the same exact products)."""
+    (True / 1), or CVT_F16: to f16 on the conversion unit, and the MMA on f16 operands
+    (`numerics.e4m3_operand` / `dot_as`: the same exact products)."""
     NKB: tl.constexpr = K // BLK
     kk = tl.arange(0, BLK)
     x = tl.load(x_ptr + rows[:, None] * sx + (kb * BLK + kk)[None, :], mask=rmask[:, None], other=0.0)
@@ -72,20 +70,14 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
         sw = tl.load(s_ptr + (cols // BLK) * NKB + kb, mask=cmask, other=0.0)
         if XQ:
             sxq = tl.load(xs_ptr + rows * NKB + kb, mask=rmask, other=0.0)
-            # CVT_F16: the producer stored the values as f16 (exact: e4m3 values), as dot16 takes them
+            # CVT_F16: the producer stored the values as f16 (exact: e4m3 values), as dot_as takes them
             xq = x if FASTCVT == CVT_F16 else x.to(tl.bfloat16)
         else:
             xq, sxq = quant_rows(x.to(tl.float32), BM)
-        if DOT == DOT_XW and FASTCVT == CVT_F16:
-            acc += dot16(xq, tl.trans(e4m3_f16(w))) * (sxq[:, None] * sw[None, :])
-        elif DOT == DOT_XW:
-            wv = e4m3_bf16(w, FASTCVT)
-            acc += dot(xq, tl.trans(wv)) * (sxq[:, None] * sw[None, :])
-        elif DOT == DOT_WX and FASTCVT == CVT_F16:
-            acc += dot16(e4m3_f16(w), tl.trans(xq)) * (sw[:, None] * sxq[None, :])
+        if DOT == DOT_XW:
+            acc += dot_as(xq, tl.trans(e4m3_operand(w, FASTCVT)), FASTCVT) * (sxq[:, None] * sw[None, :])
         elif DOT == DOT_WX:
-            wv = e4m3_bf16(w, FASTCVT)
-            acc += dot(wv, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
+            acc += dot_as(e4m3_operand(w, FASTCVT), tl.trans(xq), FASTCVT) * (sw[:, None] * sxq[None, :])
         else:
             acc += dot_fp8(w, tl.trans(xq)) * (sw[:, None] * sxq[None, :])
     else:

@@ -34,14 +34,14 @@ timing. Reference: `mono_common.ref.moe`.
 Loop forms (constexprs, the same sums in the same order): down's slots as one pipelined loop
 (DSTG deep, DSTEP slots an iteration), gate_up's MMA form and k-loop depth (GDOT, GSTG), and
 the e4m3 weights converted on sm_90's integer and bf16 pipes (FASTCVT True), or to f16 on its
-conversion unit for f16 MMAs (FASTCVT `gemv.CVT_F16`: the same exact products).
+conversion unit for f16 MMAs (FASTCVT `numerics.CVT_F16`: the same exact products).
 """
 
 import triton
 import triton.language as tl
 
-from mono_common.stages.gemv import CVT_F16, DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
-from mono_common.stages.numerics import bf16r, div_rn, dot, dot16, e4m3_bf16, e4m3_f16, quant_blocks, rbf
+from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
+from mono_common.stages.numerics import bf16r, div_rn, dot_as, e4m3_operand, quant_blocks, rbf
 from mono_common.stages.prefetch import prefetch_range
 
 
@@ -206,17 +206,6 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
 
 
 @triton.jit
-def _slot_dot(xq, wq, FASTCVT: tl.constexpr):
-    """xq [BM, BLK] @ the e4m3 codes wq [BND, BLK]^T, exact products in fp32: bf16 MMAs on the
-    weights converted as FASTCVT says (`numerics.e4m3_bf16`), or f16 ones (CVT_F16)."""
-    if FASTCVT == CVT_F16:
-        r = dot16(xq, tl.trans(e4m3_f16(wq)))
-    else:
-        r = dot(xq, tl.trans(e4m3_bf16(wq, FASTCVT)))
-    return r
-
-
-@triton.jit
 def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, t, rows, rmask,
               cols, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
               BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr = False):
@@ -241,7 +230,7 @@ def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr,
         sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + k0 // BLK, mask=rmask, other=0.0)
         wq = tl.load(wb + cols[:, None].to(tl.int64) * I + k0 + kk[None, :])
         sw = tl.load(sb + ((t * BND) // BLK) * NKB + k0 // BLK)
-        acc += _slot_dot(xq, wq, FASTCVT) * (sxq[:, None] * sw)
+        acc += dot_as(xq, tl.trans(e4m3_operand(wq, FASTCVT)), FASTCVT) * (sxq[:, None] * sw)
     return bf16r(acc)  # each expert's down GEMM writes bf16
 
 
@@ -270,7 +259,7 @@ def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_
         sxq = tl.load(inters_ptr + (uc * W + rows) * NKB + kb, mask=rmask, other=0.0)
         wq = tl.load(wb + cols[:, None].to(tl.int64) * I + kb * BLK + kk[None, :])
         sw = tl.load(sb + cb * NKB + kb)
-        acc += _slot_dot(xq, wq, FASTCVT) * (sxq[:, None] * sw)
+        acc += dot_as(xq, tl.trans(e4m3_operand(wq, FASTCVT)), FASTCVT) * (sxq[:, None] * sw)
     return bf16r(acc)  # each expert's down GEMM writes bf16
 
 

@@ -48,14 +48,16 @@ class MoePlan:
     gate_dot: int = 0  # gate_up's MMA form: 0 x @ w^T, 1 swap-AB w @ x^T (bf16), 2 swap-AB e4m3 (span default)
     gate_stages: int = 0  # gate_up's k-loops pipelined this deep with every load (0: Triton's default)
     down_ids: bool = False  # the pipelined down loop picks the slots' expert ids from registers (moe_down IDV)
-    # e4m3 weights converted to f16 on sm_90's conversion unit for f16 MMAs (FASTCVT gemv.CVT_F16),
+    # e4m3 weights converted to f16 on sm_90's conversion unit for f16 MMAs (FASTCVT numerics.CVT_F16),
     # xq and inter held as f16 bits in their bf16 buffers (`pointer_table`): the same exact products
     f16: bool = False
 
     @property
     def FASTCVT(self) -> int:
-        """The stages' FASTCVT: 2 (`gemv.CVT_F16`) for f16, else fastcvt."""
-        return 2 if self.f16 else int(self.fastcvt)
+        """The stages' FASTCVT: `numerics.CVT_F16` for f16, else fastcvt."""
+        from mono_common.stages.numerics import CVT_F16
+
+        return CVT_F16.value if self.f16 else int(self.fastcvt)
 
     @property
     def BM(self) -> int:

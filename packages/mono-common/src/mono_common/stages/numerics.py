@@ -13,6 +13,8 @@ All functions are `@triton.jit` device functions on fp32 tensors of any shape:
   dot16(a, b) -> fp32     the same on f16 operands
   e4m3_f16(w) -> f16      uint8 e4m3fn codes -> f16 values (sm_90's conversion unit, a pair an
                           instruction)
+  e4m3_operand(w, CVT), dot_as(a, b, CVT)  the weights converted and multiplied in the form CVT
+                          names: bf16 (False / True, e4m3_bf16's FAST) or f16 (CVT_F16)
   dot_fp8(w, xt) -> fp32  e4m3 x e4m3 tl.dot on FP8 tensor cores
   quant_blocks(v [D], D, BLK, HW) -> (e4m3 values as bf16 [D], fp32 scale [D // BLK])
                           per-BLK-group activation quantisation (SGLang's per_token_group_quant)
@@ -38,6 +40,11 @@ def dot(a, b):
     else:
         r = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     return r
+
+
+# `e4m3_operand` / `dot_as`'s conversion forms beside e4m3_bf16's (False / True): the e4m3
+# weights to f16 on sm_89+'s conversion unit and f16 MMAs
+CVT_F16 = tl.constexpr(2)
 
 
 @triton.jit
@@ -171,6 +178,27 @@ def e4m3_f16(w):
     pair of values (sm_89+ `cvt.rn.f16x2.e4m3x2`), where `e4m3_bf16`'s FAST path takes ~6
     integer and bf16 instructions a pair (for `dot16`)."""
     return w.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+
+
+@triton.jit
+def e4m3_operand(w, CVT: tl.constexpr):
+    """uint8 e4m3fn codes -> the MMA operand `dot_as` takes for CVT: f16 values (CVT_F16,
+    `e4m3_f16`) or bf16 ones (`e4m3_bf16`, CVT its FAST)."""
+    if CVT == CVT_F16:
+        v = e4m3_f16(w)
+    else:
+        v = e4m3_bf16(w, CVT)
+    return v
+
+
+@triton.jit
+def dot_as(a, b, CVT: tl.constexpr):
+    """`dot16` for CVT_F16, else `dot`: the MMA on the operands `e4m3_operand` made."""
+    if CVT == CVT_F16:
+        r = dot16(a, b)
+    else:
+        r = dot(a, b)
+    return r
 
 
 @triton.jit

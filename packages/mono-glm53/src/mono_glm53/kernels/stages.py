@@ -78,7 +78,6 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
-from mono_common.stages.gemv import CVT_F16 as _CVT_F16
 from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
@@ -90,15 +89,15 @@ from mono_common.stages.moe import moe_gateup as _moe_gateup
 from mono_common.stages.moe import moe_silu as stage_silu
 from mono_common.stages.moe import prefetch_slots as _prefetch_slots
 from mono_common.stages.norm import rmsnorm_vec as _rmsnorm_vec
+from mono_common.stages.numerics import CVT_F16 as _CVT_F16
 
 # the library's numerics under the names the stage bodies use
 from mono_common.stages.numerics import bf16r as _bf16
 from mono_common.stages.numerics import div_rn as _div
 from mono_common.stages.numerics import dot as _dot
-from mono_common.stages.numerics import dot16 as _dot16
-from mono_common.stages.numerics import e4m3_bf16 as _e4m3_bf16
+from mono_common.stages.numerics import dot_as as _dot_as
 from mono_common.stages.numerics import e4m3_bits as _e4m3_bits
-from mono_common.stages.numerics import e4m3_f16 as _e4m3_f16
+from mono_common.stages.numerics import e4m3_operand as _e4m3_operand
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
 from mono_common.stages.numerics import rbf as _rbf
@@ -584,6 +583,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
     # TKF (Plan.TKF, sm_90's default): each tile's scores also go into the row's first
     # top-k histogram (`topk_hist_first`), so the first radix pass has no stage of its own; the
     # histograms are zeroed by stage_qb then, two hand-offs before
+    CVT: tl.constexpr = _CVT_F16 if IF16 else FASTCVT
     if INDEXER:
         if not TKF:
             # the top-k stages' histograms (4 passes x 256 bins a row) start from zero every step
@@ -614,10 +614,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
             q = tl.load(iq8_ptr + (m * IH + hh[:, None]) * ID + d[None, :], mask=hm[:, None], other=0.0)
             # [IHP, TB]: exact fp8 products, fp32 sum (IF16: the keys to f16 on the conversion
             # unit and f16 MMAs, the same products)
-            if IF16:
-                s = _dot16(q, tl.trans(_e4m3_f16(kc)))
-            else:
-                s = _dot(q, tl.trans(_e4m3_bf16(kc, FASTCVT)))
+            s = _dot_as(q, tl.trans(_e4m3_operand(kc, CVT)), CVT)
             wt = tl.load(iwt_ptr + m * IH + hh, mask=hm, other=0.0)
             logit = tl.sum(tl.maximum(s, 0.0) * wt[:, None], 0) * ks
             tl.store(scores_ptr + m * stride_sc + ti, logit, mask=tv)
@@ -1157,7 +1154,9 @@ def layer_kernel(
         row = row.to(tl.pointer_type(TABLE_RO))
     bf16: tl.constexpr = tl.bfloat16
     f32: tl.constexpr = tl.float32
-    # the MoE's quantised inputs (h2q, inter): bf16 slots holding f16 bits under Plan.MF16
+    # the MoE's weight conversion, and its quantised inputs (h2q, inter): bf16 slots holding f16
+    # bits under Plan.MF16
+    MCVT: tl.constexpr = _CVT_F16 if MF16 else FASTCVT
     xmoe: tl.constexpr = tl.float16 if MF16 else tl.bfloat16
     i32: tl.constexpr = tl.int32
     i64: tl.constexpr = tl.int64
@@ -1338,8 +1337,8 @@ def layer_kernel(
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
-                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED,
-                         _CVT_F16 if MF16 else FASTCVT, GDOT)
+                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, MCVT,
+                         GDOT)
     if FIRST <= 19 and LAST >= 19:
         if ok:
             ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
@@ -1361,6 +1360,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, _CVT_F16 if MF16 else FASTCVT, DSTEP)
+                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
