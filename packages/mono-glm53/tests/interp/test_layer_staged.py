@@ -136,7 +136,9 @@ def test_plan_knobs_give_the_default_bits():
     norm_spread (addnorm's rows in chunks over the programs) and moe_f16 False (the MoE's
     weights to bf16 and bf16 MMAs, where sm_90's default converts to f16 for f16 MMAs of the
     same exact products; the f16 form also with gate_up swap-AB and two down slots a step),
-    index_f16 (the index keys to f16, f16 MMAs of the same products) write
+    index_f16 False (the index keys to bf16 for bf16 MMAs, where sm_90's default converts them
+    to f16 for f16 MMAs of the same products) and down_ids (down's slot ids read once as a
+    vector, one and two slots a step) write
     the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
@@ -154,9 +156,11 @@ def test_plan_knobs_give_the_default_bits():
 
     k0, a, ca = run()
     assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2 and k0.plan.MF16
+    assert k0.plan.IF16
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(index_tile=32), dict(gateup_bn=16),
                dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=True),
-               dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=True)):
+               dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=False),
+               dict(down_ids=True), dict(down_ids=True, down_step=2)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw

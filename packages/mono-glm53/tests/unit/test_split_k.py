@@ -95,16 +95,16 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
     assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": True}
+                                         "MF16": True, "IF16": True}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
     assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": False}
+                                         "MF16": False, "IF16": False}
     assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                          "MF16": False}
+                                          "MF16": False, "IF16": False}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
     assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False,
-                                          "MF16": False}
+                                          "MF16": False, "IF16": False}
 
 
 def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
@@ -158,17 +158,38 @@ def test_moe_f16_is_a_tp8_ranks_sm90_default_its_knob_turns_it_off_and_gfx950_re
         _with_knobs(hip, tp8, 264, {"moe_f16": True}, hip=True)
 
 
-def test_index_f16_is_a_knob_of_sm90_only():
-    """index_f16 (the index keys to f16 for f16 MMAs) is off by default, on with the knob on
-    sm_90, refused on gfx950."""
+def test_index_f16_is_a_tp8_ranks_sm90_default_its_knob_turns_it_off_and_gfx950_refuses_it():
+    """Plan.IF16 (the index keys to f16 for f16 MMAs) comes with MF16 in sm_90's options (a
+    TP8 rank); index_f16 False gives the bf16 form back, True sets it elsewhere on sm_90;
+    gfx950 refuses it on and takes it off."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
 
-    tp8 = REAL.tp_shard(8, 0)
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
-    assert not sm.IF16 and _with_knobs(sm, tp8, 264, {"index_f16": True}).IF16
+    assert sm.IF16 and not _with_knobs(sm, tp8, 264, {"index_f16": False}).IF16
+    sm4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
+    assert not sm4.IF16 and _with_knobs(sm4, tp4, 264, {"index_f16": True}).IF16
     hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
+    assert not hip.IF16 and not _with_knobs(hip, tp8, 264, {"index_f16": False}, hip=True).IF16
     with pytest.raises(ValueError, match=r"index_f16 is sm_90's e4m3 -> f16 conversion"):
         _with_knobs(hip, tp8, 264, {"index_f16": True}, hip=True)
+
+
+def test_down_ids_is_a_knob_of_the_pipelined_down_loop_only():
+    """down_ids (down's slot ids read once as a vector) sets Plan.DIDV where down's slot loop is
+    pipelined (sm_90 at a TP8 rank); where it is not (a TP4 rank, gfx950) it is refused with the
+    reason, beside the other bad knobs; off is allowed anywhere."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
+    sm = dataclasses.replace(make_plan(tp8, 8, True, 264), **isa_options("sm_90", tp8))
+    assert not sm.DIDV and _with_knobs(sm, tp8, 264, {"down_ids": True}).DIDV
+    for s, plan, hip in ((tp4, dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4)), False),
+                         (tp8, dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8)), True)):
+        assert not _with_knobs(plan, s, 264, {"down_ids": False}, hip=hip).DIDV
+        with pytest.raises(ValueError, match=r"down_step 3 is not 1 or 2.*down_ids is a form of down's pipelined "
+                                             r"slot loop, which this build does not have"):
+            _with_knobs(plan, s, 264, {"down_ids": True, "down_step": 3}, hip=hip)
 
 
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():

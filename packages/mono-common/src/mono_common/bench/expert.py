@@ -55,6 +55,17 @@ EXPERT_VARIANTS = {
     # the weights to f16 on sm_90's conversion unit and f16 MMAs instead of fastcvt's integer path
     # (the GLM-5.3 layer's moe_f16: -2 % / -3.5 % at 1 / 8 rows there, H100, session 24)
     "pipe3f16": dict(down_stages=3, f16=True),
+    # pipe3f16 with more of gate_up's weights in flight a program (sm_90 TTGIR, Triton 3.8: its
+    # k-loop keeps 2 groups of 8 KB weight blocks in flight past its wait; an H100 profile of
+    # the layer at 8 rows had gate_up's warps waiting on those copies, session 25): every load
+    # of the k-loop pipelined 4 deep (8 groups in flight, 74 KB of shared memory a program);
+    # 128-column tiles (16 KB blocks, 80 KB); and each with down's ids picked from registers (its
+    # next slot's copies in flight: async_wait 9, not 0). 2 programs an SM, no spills (sm_90, 1
+    # and 8 rows); 6 deep or 128 columns 4 deep take 126 KB, one program an SM
+    "f16g4": dict(down_stages=3, f16=True, gate_stages=4),
+    "f16bn128": dict(down_stages=3, f16=True, bn=128),
+    "f16idv": dict(down_stages=3, f16=True, down_ids=True),
+    "f16g4idv": dict(down_stages=3, f16=True, gate_stages=4, down_ids=True),
     "idv": dict(down_stages=3, fastcvt=True, down_ids=True),
     "idv2": dict(down_stages=3, fastcvt=True, down_step=2, down_ids=True),
 }

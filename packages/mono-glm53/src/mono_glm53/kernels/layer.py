@@ -168,8 +168,12 @@ class Plan:
     # `isa_options`, off with the knob `moe_f16`: the same exact products)
     MF16: bool = False
     # the index scores' e4m3 keys converted to f16 by sm_90's conversion unit for f16 MMAs
-    # (`index_f16`, a knob: the same exact products)
+    # (set per ISA by `isa_options` as MF16, off with the knob `index_f16`: the same exact
+    # products)
     IF16: bool = False
+    # down's slot loop with the slots' expert ids read once as a vector, so its next slot's
+    # copies stay in flight (`down_ids`, a knob of the pipelined loop: DSTG > 0)
+    DIDV: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -305,7 +309,10 @@ KNOBS = {
                "pair) for f16 MMAs, not to bf16 on its integer pipes (~6 a pair): the same exact products (a TP8 "
                "rank's sm_90 default; False: the bf16 form)",
     "index_f16": "Plan.IF16, the index scores' e4m3 keys converted to f16 on sm_90's conversion unit for f16 "
-                 "MMAs, as moe_f16 does the MoE's weights: the same exact products",
+                 "MMAs, as moe_f16 does the MoE's weights: the same exact products (a TP8 rank's sm_90 default; "
+                 "False: the bf16 form)",
+    "down_ids": "Plan.DIDV, down's pipelined slot loop (sm_90 at a TP8 rank) with the slots' expert ids read "
+                "once as a vector, so the next slot's copies stay in flight: the same sums in the same order",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -413,6 +420,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             if k[name] and hip:
                 errors.append(f"{name} is {what}: on gfx950 build without it")
             change[field] = bool(k[name])
+    if "down_ids" in k:
+        if k["down_ids"] and not plan.DSTG:
+            errors.append("down_ids is a form of down's pipelined slot loop, which this build does not have "
+                          "(sm_90 at a TP8 rank): build without it")
+        change["DIDV"] = bool(k["down_ids"])
     # gfx950 (Triton 3.8, TP8 rank, width 2): the loop spilled 38 registers
     if k.get("radix_loop"):
         if hip:
@@ -673,7 +685,8 @@ class GlmLayerKernel:
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"], MF16=isa["MF16"])
+                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"], MF16=isa["MF16"],
+                                   IF16=isa["IF16"])
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1129,7 +1142,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF and MF16 of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF, MF16 and IF16 of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1164,11 +1177,19 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     conversion was 47 % of the MoE stages' executed instructions (Nsight Compute, H100, session
     24); the layer 176.4 -> 172.9 us at 1 row and 310.8 -> 298.5 at 8 (H100, TP8 shard, ctx
     4096, two calls alike). TP8 rank: 0 spills under Triton 3.8; under 3.6 (the shard alone) 36
-    bytes at 2 rows as without it, 40 at 8. Not on other shapes (not timed there) nor gfx950."""
+    bytes at 2 rows as without it, 40 at 8. Not on other shapes (not timed there) nor gfx950.
+
+    IF16 (the index scores' e4m3 keys to f16 the same way; the knob `index_f16` turns it off)
+    where MF16 is: the same bits (the GPU knob test at 2 and 8 rows; the bench's digest at ctx
+    4096 and 65536); H100, TP8 shard, one call (session 25): 175.3 -> 171.8 us at 1 row and
+    308.2 -> 305.7 at 8, ctx 4096 (the index scores' stamp 6.7 -> 5.9 and 12.7 -> 11.6 us),
+    no change at ctx 65536 (196.5 / 195.9, 519.0 / 520.2). TP8 rank: 0 spills under Triton 3.8
+    at 2 and 8 rows; under 3.6 36 bytes at 2 rows as without it, none at 8 (the shard alone
+    under 3.8 spills 20 bytes at 8 rows, under 3.6 as without it)."""
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True, "IF16": True}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False, "IF16": False}
 
 
 def launch_options(device) -> dict:

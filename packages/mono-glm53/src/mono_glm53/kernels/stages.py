@@ -815,14 +815,14 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
-               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1):
+               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False):
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
     _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP)
+              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP, IDV)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
@@ -1133,9 +1133,12 @@ def layer_kernel(
     # the MoE's weights to f16 on the conversion unit, f16 MMAs, its quantised inputs (h2q,
     # inter) stored as f16 in their bf16-typed buffers (Plan.MF16: a TP8 rank's sm_90 default)
     MF16: tl.constexpr = False,
-    # the index scores' e4m3 keys to f16 on the conversion unit, f16 MMAs (Plan.IF16, a
-    # measurement knob)
+    # the index scores' e4m3 keys to f16 on the conversion unit, f16 MMAs (Plan.IF16: a TP8
+    # rank's sm_90 default, as MF16)
     IF16: tl.constexpr = False,
+    # down's slot loop with the slots' expert ids read once as a vector (Plan.DIDV, a
+    # measurement knob; `mono_common.stages.moe.moe_down` IDV)
+    DIDV: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1360,6 +1363,6 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP)
+                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP, DIDV)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
