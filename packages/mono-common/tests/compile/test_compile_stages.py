@@ -93,6 +93,22 @@ def test_small_entries_compile_without_spills(target, name, entry, sig, variants
         assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
 
 
+@pytest.mark.parametrize("stage", [4, 5])
+def test_topk_short_rows_counted_by_the_write_compile_without_spills_on_sm90(stage, record_property):
+    """The top-k's count and write stages with rows of at most 4096 tokens counted by the write
+    from their keys (`stages.topk` SHORT, mono-glm53's count_in_write). sm_90 only: on gfx950
+    the write's one read of 4096 keys spills 11 SGPRs (Triton 3.8, 8 rows; 63 VGPRs), so the
+    layer refuses the knob there."""
+    from mono_common.stages import entries
+
+    sig = SMALL[0][2]
+    res = cc.compile_kernel(entries.topk_entry, sig, dict(W=8, TOPK=2048, STAGE=stage, SHORT=4096), "sm_90",
+                            num_warps=4, pointer_align=16, num_stages=STAGES["sm_90"], amd_buffer_ops=False)
+    record_property("resources", cc.format_resources(res))
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
+
+
 # The linked entries (stages.linked_entries) at the sizes `mono bench stages` runs them: the
 # top-k over 200000 keys, sparse MLA of one TP8 rank (8 heads, latent 512 + rope 64) over 2048
 # tokens in 64-token chunks as the layer tiles it, partials alone and linked with the combine.

@@ -138,7 +138,9 @@ def test_plan_knobs_give_the_default_bits():
     same exact products; the f16 form also with gate_up swap-AB and two down slots a step),
     index_f16 False (the index keys to bf16 for bf16 MMAs, where sm_90's default converts them
     to f16 for f16 MMAs of the same products) and down_ids (down's slot ids read once as a
-    vector, one and two slots a step) write
+    vector, one and two slots a step) and count_in_write (the top-k's write counting rows of at
+    most 64 tokens itself, the count stage left out; at 32 the rows are longer and the count
+    stage counts them) write
     the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
@@ -160,7 +162,8 @@ def test_plan_knobs_give_the_default_bits():
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(index_tile=32), dict(gateup_bn=16),
                dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=True),
                dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=False),
-               dict(down_ids=True), dict(down_ids=True, down_step=2)):
+               dict(down_ids=True), dict(down_ids=True, down_step=2), dict(count_in_write=64),
+               dict(count_in_write=32)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw

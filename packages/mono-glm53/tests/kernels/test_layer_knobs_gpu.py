@@ -41,6 +41,9 @@ KNOB_SETS = {
     # down's slot ids read once as a vector: the next slot's copies in flight (two slots a
     # step at 8 rows, one at 2)
     "down_ids": dict(down_ids=True),
+    # the top-k's write counting the rows itself (ctx 4096: every row, the count stage and its
+    # wait left out)
+    "count_in_write": dict(count_in_write=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

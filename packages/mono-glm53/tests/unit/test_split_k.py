@@ -192,6 +192,25 @@ def test_down_ids_is_a_knob_of_the_pipelined_down_loop_only():
             _with_knobs(plan, s, 264, {"down_ids": True, "down_step": 3}, hip=hip)
 
 
+def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
+    """count_in_write sets Plan.TKW (true: 4096); a value that is not a power of two in 16..8192
+    is refused with what the knob takes, and gfx950 refuses it (not resource-checked there)."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert sm.TKW == 0
+    assert _with_knobs(sm, s, 264, {"count_in_write": True}).TKW == 4096
+    assert _with_knobs(sm, s, 264, {"count_in_write": 512}).TKW == 512
+    assert _with_knobs(sm, s, 264, {"count_in_write": False}).TKW == 0
+    for bad in (48, 8, 16384, "4096"):
+        with pytest.raises(ValueError, match=rf"count_in_write {bad} is not true or a power of two in 16..8192"):
+            _with_knobs(sm, s, 264, {"count_in_write": bad})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"count_in_write is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"count_in_write": True}, hip=True)
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

@@ -11,10 +11,12 @@ layer links them by hand-offs). torch is imported inside the functions.
 from __future__ import annotations
 
 
-def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False):
+def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
-    with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it)."""
+    with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
+    short > 0 (a power of two): rows of at most that many tokens counted by the write stage
+    (`topk` SHORT); the count stage is not launched when no row is longer."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -28,8 +30,10 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     if first_tile:
         topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)
     for stage in range(1 if first_tile else 0, 6):
+        if stage == 4 and short and int(seqlen.max()) <= short:
+            continue
         topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, stage, W=W, TOPK=k, STAGE=stage,
-                             RT=rt)
+                             RT=rt, SHORT=short)
     return topk
 
 

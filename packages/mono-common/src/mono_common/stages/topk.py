@@ -10,7 +10,10 @@ same sum; `topk_hist_first` runs pass 0 in the stage that produces the scores in
 `topk_count` counts each chunk's keys above and equal to the threshold into tkc [rows, nck,
 2]; `topk_write` places each chunk's keys after the earlier chunks'. A grid-wide hand-off
 separates the stages. Every program derives the threshold from the complete
-histograms itself (`tk_prefix`), so no stage publishes it.
+histograms itself (`tk_prefix`), so no stage publishes it. SHORT > 0 (a power of two): the
+write counts a row of at most SHORT tokens itself, reading the row's keys in one go
+(`_row_counts`), and the count stage counts only longer rows; where no row is longer
+(`topk_rows_short`), a caller can leave the count stage and its hand-off out.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """
 
@@ -157,13 +160,61 @@ def topk_hist_first(tkh_ptr, m, x, valid, n, TOPK: tl.constexpr):
 
 
 @triton.jit
+def topk_rows_short(seqlen_ptr, W: tl.constexpr, SHORT: tl.constexpr):
+    """Whether no row of the step has more than SHORT tokens (every program reads the same
+    lengths, so every program decides the same): the count stage then has nothing to count."""
+    rows, ns = tk_rows(seqlen_ptr, W)
+    return tl.max(ns, 0) <= SHORT
+
+
+@triton.jit
+def _row_counts(scores_ptr, stride_sc, m, n, c0, thr, SHORT: tl.constexpr):
+    """(keys above thr before token c0, keys equal to thr before c0, keys above thr in the row)
+    of row m's n <= SHORT tokens, its keys read in one go: the sums of `topk_count`'s chunk
+    counts that `topk_write` reads. Compared as int32 (`okey` less 2^31: the same order), half
+    the registers of the int64 keys."""
+    i = tl.arange(0, SHORT)
+    inb = i < n
+    b = tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0).to(tl.int32, bitcast=True)
+    k = b ^ ((b >> 31) & 0x7FFFFFFF)
+    t = (thr - 2147483648).to(tl.int32)
+    gt = (k > t) & inb
+    eq = (k == t) & inb
+    before = i < c0
+    return (tl.sum((gt & before).to(tl.int32), 0), tl.sum((eq & before).to(tl.int32), 0),
+            tl.sum(gt.to(tl.int32), 0))
+
+
+@triton.jit
+def _chunk_counts(tkc_ptr, m, nck, n, c):
+    """(keys above the threshold in row m's chunks before c, its ties there, the row's keys
+    above it) from `topk_count`'s chunk counts, TKC chunks a step."""
+    dig = tl.arange(0, TKC)
+    ncr = (n + TKC - 1) // TKC
+    gtb = tl.full([], 0, tl.int32)
+    eqb = tl.full([], 0, tl.int32)
+    gtt = tl.full([], 0, tl.int32)
+    for b0 in range(0, ncr, TKC):
+        cc = b0 + dig
+        cb = tkc_ptr + (m * nck + cc) * 2
+        g = tl.load(cb, mask=cc < ncr, other=0)
+        e = tl.load(cb + 1, mask=cc < ncr, other=0)
+        gtb += tl.sum(tl.where(cc < c, g, 0), 0)
+        eqb += tl.sum(tl.where(cc < c, e, 0), 0)
+        gtt += tl.sum(g, 0)
+    return gtb, eqb, gtt
+
+
+@triton.jit
 def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
-    """Per chunk of a row with more than TOPK tokens: how many of its keys exceed the threshold
-    and how many equal it (the write stage places each chunk's keys after the earlier chunks')."""
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0):
+    """Per chunk of a row with more than TOPK tokens (and, SHORT > 0, more than SHORT: the write
+    counts the shorter rows itself): how many of its keys exceed the threshold and how many
+    equal it (the write stage places each chunk's keys after the earlier chunks')."""
     if INDEXER:
         rows, ns = tk_rows(seqlen_ptr, W)
-        cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
+        low: tl.constexpr = max(TOPK, SHORT)
+        cnt = tl.where(ns > low, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
         first, total = tk_tiles(rows, cnt)
         for t in range(pid, total, nprog):
             m, c, n = tk_locate(t, rows, ns, first, cnt)
@@ -176,10 +227,12 @@ def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
 
 @triton.jit
 def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr):
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0):
     """The row's top-TOPK token indices: every key above the threshold in index order, then the
     ties in index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes
-    0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts."""
+    0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts: from tkc,
+    or (SHORT > 0, a row of at most SHORT tokens) counted from the row's keys (`_row_counts`:
+    the same integers)."""
     if INDEXER:
         dig = tl.arange(0, TKC)
         rows, ns = tk_rows(seqlen_ptr, W)
@@ -195,18 +248,13 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
                          mask=c0 + dig < TOPK)
             else:
                 thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
-                ncr = (n + TKC - 1) // TKC
-                gtb = tl.full([], 0, tl.int32)
-                eqb = tl.full([], 0, tl.int32)
-                gtt = tl.full([], 0, tl.int32)
-                for b0 in range(0, ncr, TKC):
-                    cc = b0 + dig
-                    cb = tkc_ptr + (m * nck + cc) * 2
-                    g = tl.load(cb, mask=cc < ncr, other=0)
-                    e = tl.load(cb + 1, mask=cc < ncr, other=0)
-                    gtb += tl.sum(tl.where(cc < c, g, 0), 0)
-                    eqb += tl.sum(tl.where(cc < c, e, 0), 0)
-                    gtt += tl.sum(g, 0)
+                if SHORT > 0:
+                    if n <= SHORT:
+                        gtb, eqb, gtt = _row_counts(scores_ptr, stride_sc, m, n, c0, thr, SHORT)
+                    else:
+                        gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
+                else:
+                    gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
                 inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
                 # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
                 # the row (the rows after it, or past the buffer)

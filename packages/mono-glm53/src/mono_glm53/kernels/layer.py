@@ -174,6 +174,10 @@ class Plan:
     # down's slot loop with the slots' expert ids read once as a vector, so its next slot's
     # copies stay in flight (`down_ids`, a knob of the pipelined loop: DSTG > 0)
     DIDV: bool = False
+    # rows of at most TKW tokens counted by the top-k's write stage from their keys, the count
+    # stage's hand-off only signalled in a step with no longer row (`count_in_write`, a knob;
+    # 0: the count stage counts every row)
+    TKW: int = 0
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -313,6 +317,9 @@ KNOBS = {
                  "False: the bf16 form)",
     "down_ids": "Plan.DIDV, down's pipelined slot loop (sm_90 at a TP8 rank) with the slots' expert ids read "
                 "once as a vector, so the next slot's copies stay in flight: the same sums in the same order",
+    "count_in_write": "Plan.TKW, the top-k's write stage counting a row of at most this many tokens (a power of two "
+                      "in 16..8192; true: 4096) from its keys, the count stage and its wait left out in a step with "
+                      "no longer row (sm_90): the same entries",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -425,6 +432,15 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("down_ids is a form of down's pipelined slot loop, which this build does not have "
                           "(sm_90 at a TP8 rank): build without it")
         change["DIDV"] = bool(k["down_ids"])
+    if k.get("count_in_write"):
+        v = k["count_in_write"]
+        v = 4096 if v is True else v
+        if hip:
+            errors.append("count_in_write is not resource-checked on gfx950: build without it")
+        elif not isinstance(v, int) or v & (v - 1) or not 16 <= v <= 8192:
+            errors.append(f"count_in_write {v} is not true or a power of two in 16..8192")
+        else:
+            change["TKW"] = v
     # gfx950 (Triton 3.8, TP8 rank, width 2): the loop spilled 38 registers
     if k.get("radix_loop"):
         if hip:

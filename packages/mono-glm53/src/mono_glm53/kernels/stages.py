@@ -113,6 +113,7 @@ from mono_common.stages.topk import tk_tiles as _tk_tiles
 from mono_common.stages.topk import topk_count as stage_tkcount
 from mono_common.stages.topk import topk_hist as stage_tkhist
 from mono_common.stages.topk import topk_hist_first as _topk_hist_first
+from mono_common.stages.topk import topk_rows_short as _tk_rows_short
 from mono_common.stages.topk import topk_write as stage_tkwrite
 from mono_glm53.kernels import ptable as P
 
@@ -992,6 +993,18 @@ def _skip(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
 
 
 @triton.jit
+def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
+    """Hand-off s that this step needs no wait at (Plan.TKW when no row is longer than it:
+    stage s has nothing to do, the next hand-off orders what comes after): release counter
+    s - 1 as `_sync` does, so its targets stay in step for the steps that wait there, but do
+    not wait. Stamps and the injected fault as `_skip`."""
+    ok = _skip(row, s, pid, WAIT, CLOCK)
+    if ok:
+        signal(_p(row, P.CNT, tl.int32) + (s - 1), 1, False)
+    return ok
+
+
+@triton.jit
 def _delay(pid, epoch, s, delay, CLOCK: tl.constexpr):
     """delay > 0: spin a pseudo-random 0..delay ticks (the random stage-delay test)."""
     if delay > 0:
@@ -1139,6 +1152,9 @@ def layer_kernel(
     # down's slot loop with the slots' expert ids read once as a vector (Plan.DIDV, a
     # measurement knob; `mono_common.stages.moe.moe_down` IDV)
     DIDV: tl.constexpr = False,
+    # the top-k write counting rows of at most TKW tokens itself (Plan.TKW, a measurement knob;
+    # 0: the count stage counts every row; `mono_common.stages.topk` SHORT)
+    TKW: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1258,19 +1274,34 @@ def layer_kernel(
             ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK,
                             INDEXER, TKF, PADS, PADKB, SYC)
     if FIRST <= 10 and LAST >= 10:
-        if ok:
-            ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
-                       CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
-        if ok:
-            stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
+        # TKW: the write counts rows of at most TKW tokens itself; a step with no longer row
+        # has nothing to count, and its hand-off only signals (every program decides alike)
+        if TKW > 0 and INDEXER:
+            if ok:
+                if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
+                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
+                else:
+                    ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
+                               CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
+                    if ok:
+                        stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC),
+                                      _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W,
+                                      TOPK, INDEXER, TKW)
+        else:
+            if ok:
+                ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
+                           CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
+            if ok:
+                stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                              _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
     if FIRST <= 11 and LAST >= 11:
         if ok:
             ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
                        CLOCK, FAULT, PADKB if PADS == 11 else 0, SYC)
         if ok:
             stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER)
+                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER,
+                          TKW)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
