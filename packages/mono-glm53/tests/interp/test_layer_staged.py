@@ -140,7 +140,7 @@ def test_plan_knobs_give_the_default_bits():
     to f16 for f16 MMAs of the same products) and down_ids (down's slot ids read once as a
     vector, one and two slots a step) and count_in_write (the top-k's write counting rows of at
     most 64 tokens itself, the count stage left out; at 32 the rows are longer and the count
-    stage counts them) write
+    stage counts them) and silu_fold (each slot's last gate_up tile runs its SiLU) write
     the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
@@ -163,7 +163,7 @@ def test_plan_knobs_give_the_default_bits():
                dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=True),
                dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=False),
                dict(down_ids=True), dict(down_ids=True, down_step=2), dict(count_in_write=64),
-               dict(count_in_write=32)):
+               dict(count_in_write=32), dict(silu_fold=True), dict(silu_fold=True, down_step=2)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw
@@ -229,6 +229,37 @@ def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
         got[fix].append(kernel_out(c, k, "staged"))
         if fix:
             k.guard.check()
+    for (a, ca), (b, cb) in zip(got[False], got[True]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+        assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+
+
+def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
+    """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
+    slot's counter back to zero. Three steps in a row, the last from a restart near the stage
+    counters' 2**31 wrap (`set_sync`), with the SiLU buffers zeroed before each step, give the
+    default's outputs and caches. So the SiLU ran in every step, and the counters are zero
+    after every launch."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+    from mono_glm53.kernels.stages import SLOTC
+
+    s = tiny(moe_inter=64)
+    c = build_case(s, 2, 40, True, seed=23)
+    got = {}
+    for fold in (False, True):
+        k = GlmLayerKernel(s, c.w, 2, max_seq_len=40, nprog=7, device="cpu", silu_fold=fold)
+        assert k.plan.SFO == fold
+        got[fold] = []
+        for step in range(3):
+            if step == 2:
+                k.set_sync(2 ** 31 // 7 - 1)
+            k.inter.zero_()
+            k.inters.zero_()
+            got[fold].append(kernel_out(c, k, "staged"))
+            assert (k.cnt[SLOTC.value:] == 0).all(), step
     for (a, ca), (b, cb) in zip(got[False], got[True]):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)

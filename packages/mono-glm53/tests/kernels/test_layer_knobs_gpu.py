@@ -44,6 +44,9 @@ KNOB_SETS = {
     # the top-k's write counting the rows itself (ctx 4096: every row, the count stage and its
     # wait left out)
     "count_in_write": dict(count_in_write=True),
+    # the SiLU folded into gate_up: each slot's last tile (a counter a slot, set back to zero
+    # by it) runs the slot's SiLU, hand-off 19 folded
+    "silu_fold": dict(silu_fold=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

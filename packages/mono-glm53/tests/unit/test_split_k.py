@@ -211,6 +211,20 @@ def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
         _with_knobs(hip, s, 264, {"count_in_write": True}, hip=True)
 
 
+def test_silu_fold_folds_hand_off_19_and_is_refused_on_gfx950():
+    """silu_fold sets Plan.SFO, whose launch does not run hand-off 19 (the SiLU in gate_up's
+    stage), beside TKF's 6; gfx950 refuses it (not resource-checked there)."""
+    from mono_glm53.kernels.layer import _with_knobs, folded_handoffs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 8, True, 264), **isa_options("sm_90", s))
+    fold = _with_knobs(sm, s, 264, {"silu_fold": True})
+    assert fold.SFO and not sm.SFO and folded_handoffs(fold) == (6, 19) and folded_handoffs(sm) == (6,)
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"silu_fold is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"silu_fold": True}, hip=True)
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

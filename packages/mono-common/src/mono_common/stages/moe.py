@@ -40,6 +40,7 @@ conversion unit for f16 MMAs (FASTCVT `numerics.CVT_F16`: the same exact product
 import triton
 import triton.language as tl
 
+from mono_common.device.guard import arrive_last
 from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
 from mono_common.stages.numerics import bf16r, div_rn, dot_as, e4m3_operand, quant_blocks, rbf
 from mono_common.stages.prefetch import prefetch_range
@@ -107,7 +108,8 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr, I: tl.constexpr,
                BN: tl.constexpr, BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr,
                SPAN: tl.constexpr = False, PER: tl.constexpr = 1, FASTCVT: tl.constexpr = False,
-               GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0):
+               GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, fold_ptr=None, inter_ptr=None, inters_ptr=None,
+               BI: tl.constexpr = 128, HW: tl.constexpr = False):
     """gate_up of every slot in use: split-K tiles (slot, BN-column tile, K slice) shared among
     the programs, partials to gu. The expert of slot u comes from (used, csum) in registers,
     so no program waits for the slot tables.
@@ -119,7 +121,13 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
     stage sums as it sums split-K partials. FASTCVT: the tiles convert their e4m3 weights with
     `numerics.e4m3_bf16`'s sm_90 path (the cast's conversion-unit rate bounded the stage).
     GDOT, GSTG: the tiles' (and spans') MMA form (`gemv` DOT_*) and the tiles' k-loop pipelining
-    depth with every load (`gemv._kloop` LSTG)."""
+    depth with every load (`gemv._kloop` LSTG).
+
+    fold_ptr (tiles only: int32 [NSLOT], zero between launches): the SiLU folded in. Each tile
+    arrives on its slot's counter, and the slot's last tile runs `silu_slot` for it (inter,
+    inters, BI, HW as `moe_silu`'s) and sets the counter back to zero. So no hand-off and no
+    stage of its own is needed between gate_up and SiLU, only one before down. A counter
+    counts a launch's NT * KSG tiles of its slot, the slots in use only."""
     e = tl.arange(0, E)
     NT: tl.constexpr = (2 * I + BN - 1) // BN
     EB13: tl.constexpr = 2 * I * H
@@ -140,6 +148,8 @@ def moe_gateup(pid, nprog, used, csum, nu, xq_ptr, xs_ptr, w13_ptr, s13_ptr, wsh
                     gemv_tile(r, xq_ptr, H, w13_ptr + ex * EB13, s13_ptr + ex * SB13,
                               gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, KSG, True, xs_ptr, True,
                               DOT=GDOT, LSTG=GSTG, FASTCVT=FASTCVT)
+                if fold_ptr is not None:
+                    _fold_silu(fold_ptr + u, NT * KSG, u, gu_ptr, inter_ptr, inters_ptr, W, I, KSG, BI, BLK, HW)
 
 
 @triton.jit
@@ -173,6 +183,51 @@ def _gateup_spans(pid, nprog, used, csum, nu, e, xq_ptr, xs_ptr, w13_ptr, s13_pt
         for j in range(j0, S, nprog):
             gemv_span(j, xq_ptr, H, wb, sb, gu_ptr + u * (KSG * W * 2 * I), 2 * I, 2 * I, H, W, BM, BN, BLK, PER,
                       FMT_FP8, xs_ptr, True, False, GDOT, FASTCVT=FASTCVT)
+
+
+@triton.jit
+def _fold_silu(cnt_ptr, n, u, gu_ptr, inter_ptr, inters_ptr, W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr,
+               BI: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr):
+    """One of slot u's n tiles is stored: arrive on the slot's counter (`arrive_last`: after
+    every thread's stores, acq_rel); the n-th arrival runs the slot's SiLU, after a barrier so
+    that every thread reads behind the acquire, and sets the counter back to zero for the next
+    launch (no other arrival is left: it was the last)."""
+    if arrive_last(cnt_ptr, n, False):
+        tl.debug_barrier()
+        silu_slot(u, gu_ptr, inter_ptr, inters_ptr, W, I, KSG, BI, BLK, HW)
+        lane = tl.arange(0, 2)
+        tl.store(cnt_ptr + lane, tl.zeros([2], tl.int32), mask=lane == 0)
+
+
+@triton.jit
+def silu_slot(u, gu_ptr, inter_ptr, inters_ptr, W: tl.constexpr, I: tl.constexpr, KSG: tl.constexpr,
+              BI: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr = False):
+    """`moe_silu`'s items of slot u, every row at once ([RP, BI] a column block, RP rows a power
+    of two >= W, the pad rows masked): the same sums in the same order and the same rounding
+    and quantisation per BLK block, so the same bits. For one program that computes a whole
+    slot (`moe_gateup`'s fold): each block's partials are loaded together, one memory round
+    trip a block, not one a row."""
+    RP: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
+    tl.static_assert(W <= 8, "silu_slot takes at most 8 rows")
+    rows = tl.arange(0, RP)
+    c = tl.arange(0, BI)
+    rm = (rows < W)[:, None]
+    for ib in tl.static_range(I // BI):
+        base = gu_ptr + u * (KSG * W * 2 * I) + rows[:, None] * (2 * I) + ib * BI + c[None, :]
+        g = tl.zeros([RP, BI], tl.float32)
+        up = tl.zeros([RP, BI], tl.float32)
+        for ks in tl.static_range(KSG):
+            g += tl.load(base + ks * (W * 2 * I), mask=rm, other=0.0)
+            up += tl.load(base + ks * (W * 2 * I) + I, mask=rm, other=0.0)
+        g = bf16r(g)
+        up = bf16r(up)
+        a = div_rn(g, 1.0 + tl.exp(-g)) * up
+        # row-major [RP * BI]: each row's BI values are whole BLK blocks, as moe_silu's per row
+        q, qs = quant_blocks(tl.reshape(bf16r(a), [RP * BI]), RP * BI, BLK, HW)
+        tl.store(inter_ptr + (u * W + rows[:, None]) * I + ib * BI + c[None, :], tl.reshape(q, [RP, BI]), mask=rm)
+        j = tl.arange(0, BI // BLK)
+        tl.store(inters_ptr + (u * W + rows[:, None]) * (I // BLK) + (ib * BI) // BLK + j[None, :],
+                 tl.reshape(qs, [RP, BI // BLK]), mask=rm)
 
 
 @triton.jit

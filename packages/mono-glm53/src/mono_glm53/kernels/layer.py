@@ -178,6 +178,9 @@ class Plan:
     # stage's hand-off only signalled in a step with no longer row (`count_in_write`, a knob;
     # 0: the count stage counts every row)
     TKW: int = 0
+    # the SiLU folded into gate_up: each slot's last gate_up tile runs the slot's SiLU, the SiLU
+    # stage is empty and its hand-off folded (`silu_fold`, a knob)
+    SFO: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -320,6 +323,8 @@ KNOBS = {
     "count_in_write": "Plan.TKW, the top-k's write stage counting a row of at most this many tokens (a power of two "
                       "in 16..8192; true: 4096) from its keys, the count stage and its wait left out in a step with "
                       "no longer row (sm_90): the same entries",
+    "silu_fold": "Plan.SFO, the SiLU folded into gate_up: each slot's last gate_up tile (a counter a slot) runs "
+                 "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -352,9 +357,9 @@ def addnorm_chunks(s: GlmLayerShape, width: int, nprog: int, hb: int) -> int:
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     """The hand-offs a launch of `plan` does not run, the stages either side of each being one
-    (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6); the emptied
-    stage's stamps span ~0."""
-    return (6,) if plan.TKF else ()
+    (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6; Plan.SFO: the SiLU
+    in gate_up's stage, hand-off 19); the emptied stage's stamps span ~0."""
+    return ((6,) if plan.TKF else ()) + ((19,) if plan.SFO else ())
 
 
 def _oproj_counters(s: GlmLayerShape, plan: Plan) -> tuple[int, int, int, int, int]:
@@ -432,6 +437,16 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("down_ids is a form of down's pipelined slot loop, which this build does not have "
                           "(sm_90 at a TP8 rank): build without it")
         change["DIDV"] = bool(k["down_ids"])
+    if k.get("silu_fold"):
+        from mono_glm53.kernels.stages import CNT_WORDS, SLOTC
+
+        if hip:
+            errors.append("silu_fold is not resource-checked on gfx950: build without it")
+        elif plan.NSLOT > CNT_WORDS.value - SLOTC.value:
+            errors.append(f"silu_fold counts {plan.NSLOT} slots; the counter buffer holds "
+                          f"{CNT_WORDS.value - SLOTC.value}")
+        else:
+            change["SFO"] = True
     if k.get("count_in_write"):
         v = k["count_in_write"]
         v = 4096 if v is True else v
@@ -846,6 +861,10 @@ class GlmLayerKernel:
         wrap = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
         self.epoch.fill_(wrap(epoch))
         self.cnt.fill_(wrap(epoch * self.nprog))
+        # the MoE slots' tile counters (Plan.SFO) are zero between launches whatever the epoch
+        from mono_glm53.kernels.stages import SLOTC
+
+        self.cnt[SLOTC.value:] = 0
         # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
         if self.plan.FIX9:
             base, _, n, k, per = _oproj_counters(self.s, self.plan)

@@ -135,8 +135,11 @@ STAGE_AR1 = tl.constexpr(NSTAGES - 1)
 # o_proj's column-tile counters (Plan.FIX9), 128 words from here in the counter buffer, two
 # lines past the stage counters (whose line every arrival RMWs)
 FIXOP = tl.constexpr(64)
+# the MoE slots' gate_up tile counters (Plan.SFO: the SiLU folded into gate_up), one word a
+# slot from here, up to 128 slots; zero between launches
+SLOTC = tl.constexpr(192)
 # the counter buffer's words (GlmLayerKernel.cnt)
-CNT_WORDS = tl.constexpr(192)
+CNT_WORDS = tl.constexpr(320)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -787,9 +790,11 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
                  W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, E: tl.constexpr,
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
                  BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr,
-                 FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0):
+                 FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0, fold_ptr=None, inter_ptr=None,
+                 inters_ptr=None, BI: tl.constexpr = 128, HWQ: tl.constexpr = False):
     # GDOT (Plan.GDOT; BN is Plan.BNG when set): gate_up's MMA form (`moe_gateup`), a
-    # measurement knob
+    # measurement knob; fold_ptr (Plan.SFO, a measurement knob): the slots' tile counters, each
+    # slot's last tile running its SiLU (`moe_gateup`'s fold)
     # every program routes (the same bits everywhere), so no extra hand-off is needed
     WP2: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
     # Pad rows route to no expert: their cache slot is -1 (`GlmLayerKernel.set_inputs`) or
@@ -805,7 +810,8 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     # (requesting their gate_up rows first too made gate_up slower: 40 against 34 us at 2 rows,
     # H200 stamps, session 12: its tiles wait on their own loads either way)
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
-                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT)
+                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT, fold_ptr=fold_ptr,
+                inter_ptr=inter_ptr, inters_ptr=inters_ptr, BI=BI, HW=HWQ)
     _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
@@ -1155,6 +1161,9 @@ def layer_kernel(
     # the top-k write counting rows of at most TKW tokens itself (Plan.TKW, a measurement knob;
     # 0: the count stage counts every row; `mono_common.stages.topk` SHORT)
     TKW: tl.constexpr = 0,
+    # the SiLU folded into gate_up, each slot's by its last tile, its stage empty and hand-off 19
+    # folded (Plan.SFO, a measurement knob; `mono_common.stages.moe.moe_gateup` fold_ptr)
+    SFO: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1372,14 +1381,20 @@ def layer_kernel(
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
                          W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, MCVT,
-                         GDOT)
+                         GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
+                         _p(row, P.INTERS, f32), BI, HWQ)
     if FIRST <= 19 and LAST >= 19:
-        if ok:
-            ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                       CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
-        if ok:
-            stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
-                       _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
+        if SFO:
+            # the SiLU ran in gate_up (each slot's last tile): this stage is empty
+            if ok:
+                ok = _skip(row, 19, pid, FUSED and FIRST < 19, CLOCK)
+        else:
+            if ok:
+                ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
+                           CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
+            if ok:
+                stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
+                           _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
