@@ -141,38 +141,23 @@ def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_p
         _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"norm_spread": True})
 
 
-def test_moe_f16_is_a_tp8_ranks_sm90_default_its_knob_turns_it_off_and_gfx950_refuses_it():
-    """Plan.MF16 comes with sm_90's options where the down loop is pipelined (a TP8 rank);
-    moe_f16 False gives the bf16 form back, True sets it elsewhere on sm_90; gfx950 refuses it
-    on (it is sm_90's conversion), and takes it off."""
+@pytest.mark.parametrize("knob,field", [("moe_f16", "MF16"), ("index_f16", "IF16")])
+def test_f16_conversions_are_tp8_ranks_sm90_defaults_their_knobs_turn_them_off_and_gfx950_refuses_them(knob, field):
+    """Plan.MF16 (the MoE's weights) and Plan.IF16 (the index keys) to f16 for f16 MMAs come
+    with sm_90's options where the down loop is pipelined (a TP8 rank); the knob False gives
+    the bf16 form back, True sets it elsewhere on sm_90; gfx950 has it off, refuses it on (it
+    is sm_90's conversion) and takes it off."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
-    assert sm.MF16 and not _with_knobs(sm, tp8, 264, {"moe_f16": False}).MF16
+    assert getattr(sm, field) and not getattr(_with_knobs(sm, tp8, 264, {knob: False}), field)
     sm4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
-    assert not sm4.MF16 and _with_knobs(sm4, tp4, 264, {"moe_f16": True}).MF16
+    assert not getattr(sm4, field) and getattr(_with_knobs(sm4, tp4, 264, {knob: True}), field)
     hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
-    assert not _with_knobs(hip, tp8, 264, {"moe_f16": False}, hip=True).MF16
-    with pytest.raises(ValueError, match=r"moe_f16 is sm_90's e4m3 -> f16 conversion"):
-        _with_knobs(hip, tp8, 264, {"moe_f16": True}, hip=True)
-
-
-def test_index_f16_is_a_tp8_ranks_sm90_default_its_knob_turns_it_off_and_gfx950_refuses_it():
-    """Plan.IF16 (the index keys to f16 for f16 MMAs) comes with MF16 in sm_90's options (a
-    TP8 rank); index_f16 False gives the bf16 form back, True sets it elsewhere on sm_90;
-    gfx950 refuses it on and takes it off."""
-    from mono_glm53.kernels.layer import _with_knobs, isa_options
-
-    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
-    sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
-    assert sm.IF16 and not _with_knobs(sm, tp8, 264, {"index_f16": False}).IF16
-    sm4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
-    assert not sm4.IF16 and _with_knobs(sm4, tp4, 264, {"index_f16": True}).IF16
-    hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
-    assert not hip.IF16 and not _with_knobs(hip, tp8, 264, {"index_f16": False}, hip=True).IF16
-    with pytest.raises(ValueError, match=r"index_f16 is sm_90's e4m3 -> f16 conversion"):
-        _with_knobs(hip, tp8, 264, {"index_f16": True}, hip=True)
+    assert not getattr(hip, field) and not getattr(_with_knobs(hip, tp8, 264, {knob: False}, hip=True), field)
+    with pytest.raises(ValueError, match=rf"{knob} is sm_90's e4m3 -> f16 conversion"):
+        _with_knobs(hip, tp8, 264, {knob: True}, hip=True)
 
 
 def test_down_ids_is_a_knob_of_the_pipelined_down_loop_only():

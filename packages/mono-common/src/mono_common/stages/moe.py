@@ -219,15 +219,24 @@ def silu_slot(u, gu_ptr, inter_ptr, inters_ptr, W: tl.constexpr, I: tl.constexpr
         for ks in tl.static_range(KSG):
             g += tl.load(base + ks * (W * 2 * I), mask=rm, other=0.0)
             up += tl.load(base + ks * (W * 2 * I) + I, mask=rm, other=0.0)
-        g = bf16r(g)
-        up = bf16r(up)
-        a = div_rn(g, 1.0 + tl.exp(-g)) * up
         # row-major [RP * BI]: each row's BI values are whole BLK blocks, as moe_silu's per row
-        q, qs = quant_blocks(tl.reshape(bf16r(a), [RP * BI]), RP * BI, BLK, HW)
+        q, qs = _silu_quant(tl.reshape(g, [RP * BI]), tl.reshape(up, [RP * BI]), RP * BI, BLK, HW)
         tl.store(inter_ptr + (u * W + rows[:, None]) * I + ib * BI + c[None, :], tl.reshape(q, [RP, BI]), mask=rm)
         j = tl.arange(0, BI // BLK)
         tl.store(inters_ptr + (u * W + rows[:, None]) * (I // BLK) + (ib * BI) // BLK + j[None, :],
                  tl.reshape(qs, [RP, BI // BLK]), mask=rm)
+
+
+@triton.jit
+def _silu_quant(g, up, D: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr):
+    """gate and up [D] (their fp32 partial sums, summed in slot order) -> SiLU(g) * up quantised
+    for down: (e4m3 values as bf16 [D], fp32 scale per BLK block [D // BLK]); `moe_silu`'s and
+    `silu_slot`'s math, so both give the same bits."""
+    g = bf16r(g)
+    up = bf16r(up)
+    # SGLang's silu_and_mul kernel: fp32 math, one rounding
+    a = div_rn(g, 1.0 + tl.exp(-g)) * up
+    return quant_blocks(bf16r(a), D, BLK, HW)
 
 
 @triton.jit
@@ -251,11 +260,7 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
             for ks in tl.static_range(KSG):
                 g += tl.load(base + ks * (W * 2 * I) + c)
                 up += tl.load(base + ks * (W * 2 * I) + I + c)
-            g = bf16r(g)
-            up = bf16r(up)
-            # SGLang's silu_and_mul kernel: fp32 math, one rounding
-            a = div_rn(g, 1.0 + tl.exp(-g)) * up
-            q, qs = quant_blocks(bf16r(a), BI, BLK, HW)
+            q, qs = _silu_quant(g, up, BI, BLK, HW)
             tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
             tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)
 

@@ -22,11 +22,16 @@ import triton.language as tl
 
 
 @triton.jit
+def okey32(x):
+    """fp32 -> int32 whose signed order is the float order (`okey` less 2^31)."""
+    b = x.to(tl.int32, bitcast=True)
+    return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def okey(x):
     """fp32 -> int64 in [0, 2^32) whose integer order is the float order."""
-    b = x.to(tl.int32, bitcast=True)
-    k = b ^ ((b >> 31) & 0x7FFFFFFF)
-    return k.to(tl.int64) + 2147483648
+    return okey32(x).to(tl.int64) + 2147483648
 
 
 # Keys per chunk of the top-k stages: one 256-bin histogram of 256 keys a chunk (at 1024 keys a
@@ -171,12 +176,11 @@ def topk_rows_short(seqlen_ptr, W: tl.constexpr, SHORT: tl.constexpr):
 def _row_counts(scores_ptr, stride_sc, m, n, c0, thr, SHORT: tl.constexpr):
     """(keys above thr before token c0, keys equal to thr before c0, keys above thr in the row)
     of row m's n <= SHORT tokens, its keys read in one go: the sums of `topk_count`'s chunk
-    counts that `topk_write` reads. Compared as int32 (`okey` less 2^31: the same order), half
-    the registers of the int64 keys."""
+    counts that `topk_write` reads. Compared as int32 (`okey32`: the same order), half the
+    registers of the int64 keys."""
     i = tl.arange(0, SHORT)
     inb = i < n
-    b = tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0).to(tl.int32, bitcast=True)
-    k = b ^ ((b >> 31) & 0x7FFFFFFF)
+    k = okey32(tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0))
     t = (thr - 2147483648).to(tl.int32)
     gt = (k > t) & inb
     eq = (k == t) & inb

@@ -1074,6 +1074,21 @@ def _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, WAIT: tl.constexpr, R: tl.c
 
 
 @triton.jit
+def _tkcount_at(row, ok, epoch, nprog, pid, nck, WAIT: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr,
+                FAULT: tl.constexpr, PAD: tl.constexpr, SYC: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
+                INDEXER: tl.constexpr, TKW: tl.constexpr = 0):
+    """Stage 10: the hand-off into it, then the top-k's chunk counts (TKW: of the rows longer
+    than TKW only, `stage_tkcount` SHORT)."""
+    if ok:
+        ok = _sync(row, 10, epoch, nprog, pid, WAIT, R, CLOCK, FAULT, PAD, SYC)
+    if ok:
+        stage_tkcount(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                      _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), _p(row, P.TKC, tl.int32), nck, W, TOPK,
+                      INDEXER, TKW)
+    return ok
+
+
+@triton.jit
 def _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
                  FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr,
@@ -1290,19 +1305,11 @@ def layer_kernel(
                 if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
                     ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
                 else:
-                    ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
-                               CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
-                    if ok:
-                        stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC),
-                                      _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W,
-                                      TOPK, INDEXER, TKW)
+                    ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
+                                     PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW)
         else:
-            if ok:
-                ok = _sync(row, 10, epoch, nprog, pid, FUSED and FIRST < 10, R,
-                           CLOCK, FAULT, PADKB if PADS == 10 else 0, SYC)
-            if ok:
-                stage_tkcount(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                              _p(row, P.TKH, i32), _p(row, P.TKC, i32), nck, W, TOPK, INDEXER)
+            ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
+                             PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER)
     if FIRST <= 11 and LAST >= 11:
         if ok:
             ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
