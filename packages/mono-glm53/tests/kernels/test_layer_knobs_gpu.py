@@ -47,6 +47,10 @@ KNOB_SETS = {
     # the SiLU folded into gate_up: each slot's last tile (a counter a slot, set back to zero
     # by it) runs the slot's SiLU, hand-off 19 folded
     "silu_fold": dict(silu_fold=True),
+    # the weights' L2 prefetches from the last 64 programs only, and none at all: only the
+    # timing may change
+    "prefetch_64": dict(prefetch_programs=64),
+    "no_prefetch": dict(prefetch_programs=0),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

@@ -431,6 +431,11 @@ def test_bench_knob_sets_are_checked_and_compared_with_mono_bit_for_bit(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cpu", "--tiny", "--knobs", '{"a": {"hist_in_scores": true}}'])
     assert "needs --device cuda" in capsys.readouterr().err
+    # the grid and its warps are GlmLayerKernel keywords a set may change too (an SM's 8 warps
+    # as one program instead of two)
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--knobs", '{"w8": {"nprog": 132, "num_warps": 8}}'])
+    assert "needs --device cuda" in capsys.readouterr().err
 
 
 def test_bench_served_context_widens_the_page_table_as_a_server_does(tmp_path):

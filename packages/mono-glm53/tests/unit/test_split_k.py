@@ -196,6 +196,28 @@ def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
         _with_knobs(hip, s, 264, {"count_in_write": True}, hip=True)
 
 
+def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none():
+    """prefetch_programs N sets Plan.PFN: the last N programs issue the weights' L2 prefetches
+    (N = the grid: every program, the default's 0), 0 none (-1); a count outside 0..nprog or not
+    an integer is refused with what the knob takes, and gfx950, which has no L2 prefetch,
+    refuses it."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert sm.PFN == 0
+    assert _with_knobs(sm, s, 264, {"prefetch_programs": 64}).PFN == 64
+    assert _with_knobs(sm, s, 264, {"prefetch_programs": 264}).PFN == 0
+    assert _with_knobs(sm, s, 264, {"prefetch_programs": 0}).PFN == -1
+    for bad in (-1, 265, True, "64", 1.5):
+        with pytest.raises(ValueError, match=r"prefetch_programs .* is not 0 \(no weight prefetch\) or a program "
+                                             r"count in 1..264"):
+            _with_knobs(sm, s, 264, {"prefetch_programs": bad})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"prefetch_programs deals sm_90's L2 prefetches: gfx950 has none"):
+        _with_knobs(hip, s, 264, {"prefetch_programs": 64}, hip=True)
+
+
 def test_silu_fold_folds_hand_off_19_and_is_refused_on_gfx950():
     """silu_fold sets Plan.SFO, whose launch does not run hand-off 19 (the SiLU in gate_up's
     stage), beside TKF's 6; gfx950 refuses it (not resource-checked there)."""

@@ -181,6 +181,10 @@ class Plan:
     # the SiLU folded into gate_up: each slot's last gate_up tile runs the slot's SiLU, the SiLU
     # stage is empty and its hand-off folded (`silu_fold`, a knob)
     SFO: bool = False
+    # the programs that issue the weights' L2 prefetches: every program (0), the last PFN, or
+    # none (-1) (`prefetch_programs`, a knob: fewer prefetches queued ahead of the few
+    # programs whose dependent loads are a 1-row launch's critical path)
+    PFN: int = 0
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -292,7 +296,7 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
 
 
 # GlmLayerKernel's measurement keywords that are its own parameters (an ISA's default when None)
-MEASUREMENT_KWARGS = ("num_stages", "ks_rule", "down_stages", "fast_cvt", "xq_producer")
+MEASUREMENT_KWARGS = ("num_stages", "ks_rule", "down_stages", "fast_cvt", "xq_producer", "nprog", "num_warps")
 # GlmLayerKernel's measurement knobs: keyword -> what it sets (`_with_knobs`)
 KNOBS = {
     "gateup_split": "Plan.KSG, gate_up's split-K (a divisor of the hidden size's K blocks)",
@@ -325,6 +329,8 @@ KNOBS = {
                       "no longer row (sm_90): the same entries",
     "silu_fold": "Plan.SFO, the SiLU folded into gate_up: each slot's last gate_up tile (a counter a slot) runs "
                  "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
+    "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
+                         "the last N of the grid (1..nprog), or 0 for no weight prefetch at all (sm_90)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -479,6 +485,14 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("next_layer_prefetch is sm_90's L2 prefetch: gfx950 has no such instruction")
         else:
             change["NXS"] = NEXT_PREFETCH_STAGES[nx]
+    if "prefetch_programs" in k:
+        pn = k["prefetch_programs"]
+        if hip:
+            errors.append("prefetch_programs deals sm_90's L2 prefetches: gfx950 has none, build without it")
+        elif isinstance(pn, bool) or not isinstance(pn, int) or not 0 <= pn <= nprog:
+            errors.append(f"prefetch_programs {pn!r} is not 0 (no weight prefetch) or a program count in 1..{nprog}")
+        else:
+            change["PFN"] = -1 if pn == 0 else (0 if pn == nprog else pn)
     if "code_pad" in k:
         from mono_glm53.kernels.stages import STAGE_NAMES
 

@@ -791,7 +791,8 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
                  TOPE: tl.constexpr, KSR: tl.constexpr, I: tl.constexpr, BN: tl.constexpr,
                  BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr,
                  FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0, fold_ptr=None, inter_ptr=None,
-                 inters_ptr=None, BI: tl.constexpr = 128, HWQ: tl.constexpr = False):
+                 inters_ptr=None, BI: tl.constexpr = 128, HWQ: tl.constexpr = False,
+                 PFN: tl.constexpr = 0):
     # GDOT (Plan.GDOT; BN is Plan.BNG when set): gate_up's MMA form (`moe_gateup`), a
     # measurement knob; fold_ptr (Plan.SFO, a measurement knob): the slots' tile counters, each
     # slot's last tile running its SiLU (`moe_gateup`'s fold)
@@ -812,7 +813,12 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                 W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT, fold_ptr=fold_ptr,
                 inter_ptr=inter_ptr, inters_ptr=inters_ptr, BI=BI, HW=HWQ)
-    _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
+    if PFN > 0:
+        q = pid - (nprog - PFN)
+        if q >= 0:
+            _prefetch_slots(q, PFN, used, csum, nu, w2_ptr, H * I, E, PF)
+    else:
+        _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
 @triton.jit
@@ -878,25 +884,38 @@ def _code_pad(stamps, pid, PAD: tl.constexpr):
 
 @triton.jit
 def _prefetch_next(row, pid, nprog, NQKV: tl.constexpr, H: tl.constexpr, ID: tl.constexpr, IH: tl.constexpr,
-                   INDEXER: tl.constexpr, IDX_FUSED: tl.constexpr):
+                   INDEXER: tl.constexpr, IDX_FUSED: tl.constexpr, PFN: tl.constexpr = 0):
     """Plan.NXS: the next layer's fused q_a/kv_a weights and (INDEXER) its index wk /
     weights_proj requested into the L2, dealt over the programs (`ptable` next_*: addresses the
     host sets from GlmLayerKernel.next_weights, zero for none), so the next launch's first
     stages find them there instead of waiting on the HBM at its start. sm_90 only."""
-    _prefetch_at(_sl(row, P.NEXT_WQKV), pid, nprog, NQKV * H)
+    _prefetch_at(_sl(row, P.NEXT_WQKV), pid, nprog, NQKV * H, PFN)
     if INDEXER:
         if IDX_FUSED:
-            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, (ID + IH) * H * 2)
+            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, (ID + IH) * H * 2, PFN)
         else:
-            _prefetch_at(_sl(row, P.NEXT_WK), pid, nprog, ID * H)
-            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, IH * H * 2)
+            _prefetch_at(_sl(row, P.NEXT_WK), pid, nprog, ID * H, PFN)
+            _prefetch_at(_sl(row, P.NEXT_WWP), pid, nprog, IH * H * 2, PFN)
 
 
 @triton.jit
-def _prefetch_at(a, pid, nprog, nbytes):
-    """`_prefetch` of nbytes at address a (an int64 table word), none when it is zero."""
+def _prefetch_at(a, pid, nprog, nbytes, PFN: tl.constexpr = 0):
+    """`_prefetch_pf` of nbytes at address a (an int64 table word), none when it is zero."""
     if a != 0:
-        _prefetch(pid, nprog, a.to(tl.pointer_type(tl.uint8)), nbytes, True)
+        _prefetch_pf(pid, nprog, a.to(tl.pointer_type(tl.uint8)), nbytes, True, PFN)
+
+
+@triton.jit
+def _prefetch_pf(pid, nprog, base, nbytes, ON: tl.constexpr, PFN: tl.constexpr):
+    """`_prefetch` dealt over every program (PFN 0) or over the last PFN programs only
+    (Plan.PFN, a measurement knob: fewer programs keep fewer prefetches queued in the memory
+    system ahead of the other programs' dependent loads)."""
+    if PFN > 0:
+        q = pid - (nprog - PFN)
+        if q >= 0:
+            _prefetch(q, PFN, base, nbytes, ON)
+    else:
+        _prefetch(pid, nprog, base, nbytes, ON)
 
 
 @triton.jit
@@ -1179,6 +1198,9 @@ def layer_kernel(
     # the SiLU folded into gate_up, each slot's by its last tile, its stage empty and hand-off 19
     # folded (Plan.SFO, a measurement knob; `mono_common.stages.moe.moe_gateup` fold_ptr)
     SFO: tl.constexpr = False,
+    # the weight prefetches dealt over the last PFN programs only (Plan.PFN, a measurement knob;
+    # 0: every program; -1: none)
+    PFN: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1220,16 +1242,16 @@ def layer_kernel(
     # Weight streaming (sm_90: CLOCK 0): each stage's weights are requested into the L2 before
     # the hand-off that gates its inputs (mono_common.stages.prefetch; gfx950 and the
     # interpreter: no prefetch, the stages load as before). The fused launch only.
-    PF: tl.constexpr = CLOCK == 0
+    PF: tl.constexpr = CLOCK == 0 and PFN >= 0
     GS: tl.constexpr = 8 if CLOCK == 0 else 0
     if FUSED and FIRST == 0:
-        _prefetch(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF)
+        _prefetch_pf(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF, PFN)
         if INDEXER:
             if IDX_FUSED:
-                _prefetch(pid, nprog, _p(row, P.WWP, bf16), (ID + IH) * H * 2, PF)
+                _prefetch_pf(pid, nprog, _p(row, P.WWP, bf16), (ID + IH) * H * 2, PF, PFN)
             else:
-                _prefetch(pid, nprog, _p(row, P.WK, u8), ID * H, PF)
-                _prefetch(pid, nprog, _p(row, P.WWP, bf16), IH * H * 2, PF)
+                _prefetch_pf(pid, nprog, _p(row, P.WK, u8), ID * H, PF, PFN)
+                _prefetch_pf(pid, nprog, _p(row, P.WWP, bf16), IH * H * 2, PF, PFN)
     if FIRST <= 0 and LAST >= 0:
         stage_addnorm(pid, nprog, _p(row, P.X, bf16), _p(row, P.RES, bf16), _p(row, P.RESID1, bf16),
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
@@ -1242,9 +1264,9 @@ def layer_kernel(
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
                        INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
     if FUSED and FIRST == 0:
-        _prefetch(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF)
+        _prefetch_pf(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF, PFN)
         if INDEXER:
-            _prefetch(pid, nprog, _p(row, P.WIQ, u8), NIQ * QL, PF)
+            _prefetch_pf(pid, nprog, _p(row, P.WIQ, u8), NIQ * QL, PF, PFN)
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
@@ -1275,10 +1297,10 @@ def layer_kernel(
     if FUSED and FIRST == 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
-        _prefetch(pid, nprog, _p(row, P.WO, u8), H * NH * VD, PF)
-        _prefetch(pid, nprog, _p(row, P.WG, bf16), E * H * 2, PF)
-        _prefetch(pid, nprog, _p(row, P.WSH13, u8), 2 * I * H, PF)
-        _prefetch(pid, nprog, _p(row, P.WSH2, u8), H * I, PF)
+        _prefetch_pf(pid, nprog, _p(row, P.WO, u8), H * NH * VD, PF, PFN)
+        _prefetch_pf(pid, nprog, _p(row, P.WG, bf16), E * H * 2, PF, PFN)
+        _prefetch_pf(pid, nprog, _p(row, P.WSH13, u8), 2 * I * H, PF, PFN)
+        _prefetch_pf(pid, nprog, _p(row, P.WSH2, u8), H * I, PF, PFN)
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
@@ -1324,7 +1346,7 @@ def layer_kernel(
                        CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
         if NXS == 12 and FUSED and PF:
             if ok:
-                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
         if ok:
             # an indexer layer attends over its own top-k, a non-indexer layer over the last
             # indexer layer's (prev_topk)
@@ -1381,7 +1403,7 @@ def layer_kernel(
                        CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
         if NXS == 18 and FUSED and PF:
             if ok:
-                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
         if ok:
             stage_gateup(pid, nprog, _p(row, P.LG, f32), _p(row, P.BIAS, f32), _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32),
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
@@ -1389,7 +1411,7 @@ def layer_kernel(
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
                          W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, MCVT,
                          GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
-                         _p(row, P.INTERS, f32), BI, HWQ)
+                         _p(row, P.INTERS, f32), BI, HWQ, PFN)
     if FIRST <= 19 and LAST >= 19:
         if SFO:
             # the SiLU ran in gate_up (each slot's last tile): this stage is empty
@@ -1408,7 +1430,7 @@ def layer_kernel(
                        CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
         if NXS == 20 and FUSED and PF:
             if ok:
-                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED)
+                _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
         if ok:
             ok = stage_down(pid, nprog, _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32), _p(row, P.W2, u8), _p(row, P.S2, f32),
                             _p(row, P.WSH2, u8), _p(row, P.SSH2, f32), _p(row, P.SLOT_E, i32),
