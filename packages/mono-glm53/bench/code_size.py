@@ -78,6 +78,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", default="tp8", choices=("tp8", "tp4", "tp1"))
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--knobs", default="{}", help="GlmLayerKernel knobs as JSON (kernels.layer.KNOBS)")
+    ap.add_argument("--world", type=int, default=None,
+                    help="ranks of the launch (default: the shape's TP size, the served build; 1: the "
+                         "bench's shard alone, without its all-reduces)")
     ap.add_argument("--json", action="store_true", help="print the sizes as JSON")
     a = ap.parse_args(argv)
     import triton
@@ -90,7 +93,7 @@ def main(argv=None) -> int:
     tp = int(a.shape[2:])
     s = REAL.tp_shard(tp, 0) if tp > 1 else REAL
     knobs = json.loads(a.knobs)
-    res = L.compile_variant(s, a.width, True, "sm_90", world=tp, knobs=knobs)
+    res = L.compile_variant(s, a.width, True, "sm_90", world=tp if a.world is None else a.world, knobs=knobs)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(res.asm["cubin"])
         f.flush()
@@ -103,7 +106,7 @@ def main(argv=None) -> int:
         print(json.dumps(size))
         return 0
     total = sum(size.values())
-    print(f"{a.shape} width {a.width} knobs {knobs}: {total / 1024:.1f} KB of sm_90 SASS, {res.registers} registers, "
+    print(f"{a.shape} width {a.width} world {tp if a.world is None else a.world} knobs {knobs}: {total / 1024:.1f} KB of sm_90 SASS, {res.registers} registers, "
           f"{res.spills} spilled bytes (Triton {triton.__version__})")
     for name, b in size.items():
         print(f"  {name:18s} {b / 1024:6.1f} KB")

@@ -133,7 +133,9 @@ def test_plan_knobs_give_the_default_bits():
     a pipelined step), gateup_split (with this shape's bf16 partial sums), qkva_programs with
     index_split (q_a/kv_a spans and the index tiles on disjoint programs, the path the TP8
     shard's plan takes; this grid is too small for `make_plan` to take it), the gate_up forms
-    norm_spread (addnorm's rows in chunks over the programs) and moe_f16 False (the MoE's
+    norm_spread False (addnorm's rows one program each, where sm_90's default cuts them in
+    chunks over the programs), postnorm_spread (the post-attention norm's rows in chunks over
+    the programs) and moe_f16 False (the MoE's
     weights to bf16 and bf16 MMAs, where sm_90's default converts to f16 for f16 MMAs of the
     same exact products; the f16 form also with gate_up swap-AB and two down slots a step),
     index_f16 False (the index keys to bf16 for bf16 MMAs, where sm_90's default converts them
@@ -158,9 +160,9 @@ def test_plan_knobs_give_the_default_bits():
 
     k0, a, ca = run()
     assert k0.plan.DSTG > 0 and k0.plan.DSTEP == 1 and k0.plan.P1 == 0 and k0.plan.KSI > 2 and k0.plan.MF16
-    assert k0.plan.IF16
+    assert k0.plan.IF16 and k0.plan.ANC == 4  # 4 rows x 4 chunks of 64 on 24 programs (8 of 32 would not fit)
     for kw in (dict(down_step=2), dict(gateup_split=1), dict(index_tile=32), dict(gateup_bn=16),
-               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=True),
+               dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=False), dict(postnorm_spread=True),
                dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=False),
                dict(down_ids=True), dict(down_ids=True, down_step=2), dict(count_in_write=64),
                dict(count_in_write=32), dict(silu_fold=True), dict(silu_fold=True, down_step=2)):
@@ -171,7 +173,9 @@ def test_plan_knobs_give_the_default_bits():
         if "qkva_programs" in kw:
             assert (k.plan.P1, k.plan.KSI) == (20, 2)
         if "norm_spread" in kw:
-            assert k.plan.ANC == 4  # 4 rows x 4 chunks of 64 on 24 programs (8 of 32 would not fit)
+            assert k.plan.ANC == 0
+        if "postnorm_spread" in kw:
+            assert k.plan.PNC == 4
     with pytest.raises(ValueError, match=r"unknown knobs \['gate_split'\].*; down_step 3 is not 1 or 2; gateup_dot 2 "
                                          r"is not 0 or 1.*; gateup_split 5 does not divide the 8 K blocks.*; "
                                          r"qkva_programs 24 is not 0 \(no split\) or in 1..23"):

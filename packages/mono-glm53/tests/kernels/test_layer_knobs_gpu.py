@@ -30,8 +30,9 @@ KNOB_SETS = {
     # the next layer's first weights requested ahead (here the layer's own: real addresses)
     "next_layer": dict(next_layer_prefetch="down", sync_call=True),
     "code_pad_loop": dict(code_pad=["oproj", -8]),
-    # addnorm's rows in chunks over the programs (48 of 128 at 2 rows, 24 of 256 at 8)
-    "norm_spread": dict(norm_spread=True),
+    # addnorm's rows one program each (the default cuts them in chunks over the programs: 48 of
+    # 128 at 2 rows, 24 of 256 at 8)
+    "norm_one_program": dict(norm_spread=False),
     # the MoE's weights to bf16 on the integer pipes and bf16 MMAs (the default: to f16 on the
     # conversion unit and f16 MMAs): the same exact products
     "moe_bf16": dict(moe_f16=False),
@@ -47,6 +48,8 @@ KNOB_SETS = {
     # the SiLU folded into gate_up: each slot's last tile (a counter a slot, set back to zero
     # by it) runs the slot's SiLU, hand-off 19 folded
     "silu_fold": dict(silu_fold=True),
+    # the post-attention norm's rows in chunks over the programs, as addnorm's
+    "postnorm_spread": dict(postnorm_spread=True),
     # the weights' L2 prefetches from the last 64 programs only, and none at all: only the
     # timing may change
     "prefetch_64": dict(prefetch_programs=64),

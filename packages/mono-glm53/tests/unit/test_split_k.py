@@ -7,7 +7,7 @@ import pytest
 
 from mono_common.stages.gemv import span_slots
 from mono_glm53.config import REAL
-from mono_glm53.kernels.layer import _pick_ks, _qkva_split, make_plan
+from mono_glm53.kernels.layer import _pick_ks, _qkva_split, addnorm_chunks, make_plan
 
 
 def test_first_rule_takes_the_smallest_divisor_covering_the_grid():
@@ -129,7 +129,7 @@ def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_p
     """norm_spread: Plan.ANC chunks a row, each a power-of-two count of blocks dividing the
     hidden size, as many as keep (rows x chunks) within the grid (the fewest otherwise); a
     hidden size past the [4, HB] row tile is refused with what the knob needs."""
-    from mono_glm53.kernels.layer import _with_knobs, addnorm_chunks
+    from mono_glm53.kernels.layer import _with_knobs
 
     s = REAL.tp_shard(8, 0)
     assert [addnorm_chunks(s, w, 264, 2048) for w in (1, 2, 4, 8)] == [48, 48, 48, 24]
@@ -139,6 +139,43 @@ def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_p
     assert plan.ANC == 0 and _with_knobs(plan, s, 264, {"norm_spread": True}).ANC == 24
     with pytest.raises(ValueError, match=r"norm_spread needs the hidden size 6144 in at most 4 row tiles of 1024"):
         _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"norm_spread": True})
+
+
+def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
+    """postnorm_spread sets Plan.PNC to `addnorm_chunks`'s count (24 at 8 rows of a TP8 rank on
+    264 programs); a rank of a world (its all-reduced rows have no test in that form yet), a
+    hidden size past the [4, HB] row tile and gfx950 are refused, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs, make_tp_plan
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 8, True, 264)
+    assert plan.PNC == 0 and _with_knobs(plan, s, 264, {"postnorm_spread": True}).PNC == 24
+    assert _with_knobs(plan, s, 264, {"postnorm_spread": False}).PNC == 0
+    with pytest.raises(ValueError, match=r"postnorm_spread is built for one rank alone .* its 8-rank form"):
+        _with_knobs(make_tp_plan(s, 8, True, 264, 8), s, 264, {"postnorm_spread": True})
+    with pytest.raises(ValueError, match=r"postnorm_spread needs the hidden size 6144 in at most 4 row tiles of 1024"):
+        _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"postnorm_spread": True})
+    with pytest.raises(ValueError, match=r"postnorm_spread is not resource-checked on gfx950"):
+        _with_knobs(plan, s, 264, {"postnorm_spread": True}, hip=True)
+
+
+def test_addnorm_is_spread_by_default_on_sm90_only_and_the_knob_turns_it_off():
+    """sm_90's builds spread addnorm's rows (Plan.ANC by `addnorm_chunks`) on every shape, the
+    launcher's plan and the compiled variant's alike; gfx950's keep one program a row; the
+    knob norm_spread False gives one program a row back on sm_90."""
+    from mono_glm53.kernels.layer import _with_knobs, addnorm_default, variant_constexprs
+
+    for s in (REAL.tp_shard(8, 0), REAL.tp_shard(4, 0), REAL):
+        for w in (1, 2, 8):
+            want = addnorm_chunks(s, w, 264, make_plan(s, w, True, 264).HB)
+            assert want > 0 and addnorm_default("sm_90", s, w, 264, 2048) == want
+            assert addnorm_default("gfx950", s, w, 256, 2048) == 0
+            assert variant_constexprs(s, w, True, 264, "sm_90")["ANC"] == want
+            assert variant_constexprs(s, w, True, 256, "gfx950")["ANC"] == 0
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), ANC=48)
+    assert _with_knobs(sm, s, 264, {"norm_spread": False}).ANC == 0
+    assert _with_knobs(sm, s, 264, {"norm_spread": True}).ANC == 48
 
 
 @pytest.mark.parametrize("knob,field", [("moe_f16", "MF16"), ("index_f16", "IF16")])

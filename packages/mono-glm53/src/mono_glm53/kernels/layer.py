@@ -160,8 +160,8 @@ class Plan:
     NXS: int = 0
     # every hand-off a call of one copy of its code on sm_90 (`sync_call`, a knob)
     SYC: bool = False
-    # addnorm's rows each cut into ANC chunks dealt over the programs (`norm_spread`, a knob;
-    # 0: one program a row)
+    # addnorm's rows each cut into ANC chunks dealt over the programs (sm_90's default by
+    # `addnorm_default`, off with the knob `norm_spread`; 0: one program a row)
     ANC: int = 0
     # the MoE's e4m3 weights converted to f16 by sm_90's conversion unit for f16 MMAs, its
     # quantised inputs (h2q, inter) stored as f16 bits in their bf16 buffers (set per ISA by
@@ -181,6 +181,9 @@ class Plan:
     # the SiLU folded into gate_up: each slot's last gate_up tile runs the slot's SiLU, the SiLU
     # stage is empty and its hand-off folded (`silu_fold`, a knob)
     SFO: bool = False
+    # the post-attention norm's rows each cut into PNC chunks dealt over the programs
+    # (`postnorm_spread`, a knob; 0: one program a row)
+    PNC: int = 0
     # the programs that issue the weights' L2 prefetches: every program (0), the last PFN, or
     # none (-1) (`prefetch_programs`, a knob: fewer prefetches queued ahead of the few
     # programs whose dependent loads are a 1-row launch's critical path)
@@ -315,7 +318,8 @@ KNOBS = {
                            "the next layer's q_a/kv_a and index weights into the L2 (GlmLayerKernel.next_weights; sm_90)",
     "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
     "norm_spread": "Plan.ANC, addnorm's rows cut into chunks dealt over the programs, each chunk's program "
-                   "summing its whole row's squares as the one-program form does (the same bits)",
+                   "summing its whole row's squares as the one-program form does (the same bits; sm_90's "
+                   "default, `addnorm_default`; False: one program a row)",
     "moe_f16": "Plan.MF16, the MoE's e4m3 weights converted to f16 on sm_90's conversion unit (one instruction a "
                "pair) for f16 MMAs, not to bf16 on its integer pipes (~6 a pair): the same exact products (a TP8 "
                "rank's sm_90 default; False: the bf16 form)",
@@ -329,6 +333,9 @@ KNOBS = {
                       "no longer row (sm_90): the same entries",
     "silu_fold": "Plan.SFO, the SiLU folded into gate_up: each slot's last gate_up tile (a counter a slot) runs "
                  "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
+    "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
+                       "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
+                       "one-program form does (the same bits)",
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
                          "the last N of the grid (1..nprog), or 0 for no weight prefetch at all (sm_90)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
@@ -349,16 +356,31 @@ PAD_MAX_KB = 128
 
 
 def addnorm_chunks(s: GlmLayerShape, width: int, nprog: int, hb: int) -> int:
-    """Chunks a row for `norm_spread`: the most (each a power-of-two count of blocks, dividing
-    the hidden size) with every (row, chunk) item on a program of its own, else the fewest;
-    0 where the hidden size is not whole blocks or not within the [4, HB] row tile the chunks'
-    programs sum the row in."""
+    """Chunks a row for `norm_spread` and `postnorm_spread`: the most (each a power-of-two count
+    of blocks, dividing the hidden size) with every (row, chunk) item on a program of its own,
+    else the fewest; 0 where the hidden size is not whole blocks or not within the [4, HB] row
+    tile the chunks' programs sum the row in."""
     h, blk = s.hidden, s.block
     if h % blk or h // hb > 4:
         return 0
     sizes = [blk << i for i in range((h // blk).bit_length()) if h % (blk << i) == 0]
     fit = [h // cb for cb in sizes if width * (h // cb) <= nprog]
     return max(fit) if fit else h // sizes[-1]
+
+
+def addnorm_default(isa: str, s: GlmLayerShape, width: int, nprog: int, hb: int) -> int:
+    """Plan.ANC of a build for `isa`: on sm_90 addnorm's rows spread in `addnorm_chunks` chunks
+    over the programs (what the knob `norm_spread` set before 0.3.21; `norm_spread: false` gives
+    one program a row back), 0 (one program a row) on gfx950, where it is not timed.
+
+    The same bits (each chunk's program sums its whole row's squares as the one-program form
+    does; the GPU knob test at 2 and 8 rows, session 25). Timed as a knob, TP8 shard, ctx 4096:
+    addnorm's stamp 8.7 -> 7.2 us at 1 row and the layer 178.4 -> 176.7 us at 1 row, 317.9 ->
+    315.5 at 8 (H100, session 24); addnorm 7.6 -> 6.0-6.1 us at 1 and 8 rows on the H200 beside
+    other knobs (session 24). Its one program a row ran ~20 KB of straight-line code once; a
+    chunk's program runs ~7.5 KB. Spills (TP8 rank, world 8): 0 under Triton 3.8 at 2 and 8
+    rows; under 3.6 8 bytes at 2 rows (36 with one program a row), none at 8."""
+    return addnorm_chunks(s, width, nprog, hb) if isa.startswith("sm") else 0
 
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
@@ -473,6 +495,8 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append(f"norm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
                           f"{plan.HB} and a multiple of its block {s.block}")
         change["ANC"] = nc
+    elif "norm_spread" in k:
+        change["ANC"] = 0
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -485,6 +509,18 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("next_layer_prefetch is sm_90's L2 prefetch: gfx950 has no such instruction")
         else:
             change["NXS"] = NEXT_PREFETCH_STAGES[nx]
+    if k.get("postnorm_spread"):
+        nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
+        if hip:
+            errors.append("postnorm_spread is not resource-checked on gfx950: build without it")
+        elif plan.R > 1:
+            errors.append(f"postnorm_spread is built for one rank alone (the bench's shard): its {plan.R}-rank "
+                          "form, which norms the all-reduced rows, has no test yet; build it at world 1")
+        elif nc == 0:
+            errors.append(f"postnorm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
+                          f"{plan.HB} and a multiple of its block {s.block}")
+        else:
+            change["PNC"] = nc
     if "prefetch_programs" in k:
         pn = k["prefetch_programs"]
         if hip:
@@ -729,9 +765,11 @@ class GlmLayerKernel:
             raise ValueError("xq_producer is sm_90 only: on gfx950 the layer kernel built with it "
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
-        plan = dataclasses.replace(make_tp_plan(s, width, indexer, self.nprog, world, ks_rule), DSTG=dstg,
-                                   FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"], MF16=isa["MF16"],
-                                   IF16=isa["IF16"])
+        plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
+        plan = dataclasses.replace(plan, DSTG=dstg, FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"],
+                                   MF16=isa["MF16"], IF16=isa["IF16"],
+                                   ANC=addnorm_default("gfx950" if torch.version.hip else "sm_90", s, width,
+                                                       self.nprog, plan.HB))
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1319,7 +1357,8 @@ def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, 
     from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
     from mono_glm53.kernels.stages import NSTAGES
 
-    ce = dataclasses.replace(make_tp_plan(s, width, indexer, nprog, world), **isa_options(isa, s)).constexprs()
+    plan = make_tp_plan(s, width, indexer, nprog, world)
+    ce = dataclasses.replace(plan, **isa_options(isa, s), ANC=addnorm_default(isa, s, width, nprog, plan.HB)).constexprs()
     ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0, SIM=False,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce

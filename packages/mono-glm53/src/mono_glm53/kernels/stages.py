@@ -238,7 +238,15 @@ def _row_residual(x_ptr, res_ptr, m, off, cm, H: tl.constexpr, eps):
     RMSNorm rstd: the one reduction order of every form that norms a whole-row tile."""
     r = (tl.load(x_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
          + tl.load(res_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32))
-    return r, tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+    return r, _tile_rstd(r, H, eps)
+
+
+@triton.jit
+def _tile_rstd(r, H: tl.constexpr, eps):
+    """RMSNorm's rstd of a row held as a whole-row [4, HB] tile (masked values 0): the one
+    reduction order of every form that norms such a tile (addnorm's and the post-attention
+    norm's, a program a row or a chunk), so their bits agree."""
+    return tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
 
 
 @triton.jit
@@ -260,7 +268,7 @@ def _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, ep
                     W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, BLK: tl.constexpr, XQP: tl.constexpr,
                     HWQ: tl.constexpr, NC: tl.constexpr):
     """`stage_addnorm` with each row cut into NC chunks, one (row, chunk) an item over the
-    programs (Plan.ANC, the knob `norm_spread`): every item's program computes its row's sum of
+    programs (Plan.ANC: sm_90's default, the knob `norm_spread`): every item's program computes its row's sum of
     squares from the whole row as the one-program form does (`_row_residual`: the same rstd
     bits), then writes only its chunk. A program then runs the
     code of one whole-row load and sum plus a chunk's norm and quantisation, not the whole
@@ -285,7 +293,7 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
     # H (6144) is not a power of two: the row as HB-wide chunks (the norm multiplies the fp32
     # sum, as SGLang's fused_add_rmsnorm). XQP: also the row quantised per BLK group for the
     # q_a/kv_a GEMV (hnq values, hns scales), the bits its K blocks would otherwise each
-    # compute again (`gemv` XQ). NC > 0 (Plan.ANC, a measurement knob): `_addnorm_spread`
+    # compute again (`gemv` XQ). NC > 0 (Plan.ANC, sm_90's default): `_addnorm_spread`
     if NC > 0:
         _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps, hnq_ptr, hns_ptr,
                         W, H, HB, BLK, XQP, HWQ, NC)
@@ -698,19 +706,38 @@ def _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W: tl.constexpr, H: tl.
 
 
 @triton.jit
+def _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W: tl.constexpr, H: tl.constexpr,
+                   KS9: tl.constexpr, R: tl.constexpr):
+    """Row m's fp32 attention output + residual at offsets `off` (mask cm; any tile shape): the
+    all-reduced bf16 row (R > 1) or this rank's o_proj split-K slots added in slot order and
+    rounded to bf16. Elementwise, so a chunk's values are the whole-row tile's bits."""
+    if R > 1:
+        a = tl.load(ar1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+    else:
+        acc = tl.zeros(off.shape, tl.float32)
+        for sl in range(KS9):
+            acc += tl.load(op_ptr + sl * (W * H) + m * H + off, mask=cm, other=0.0)
+        a = _bf16(acc)
+    return a + tl.load(resid1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
                    ap_ptr, ar1_ptr, cnt_ptr, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab,
                    err_ptr, rank, deadline,
                    W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
                    KS9: tl.constexpr, R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
-                   CLOCK: tl.constexpr, FAULT: tl.constexpr):
+                   CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0):
     """TP all-reduce point 1 + residual add + post-attention RMSNorm -> res_out, h2.
 
     R == 1 (one rank, or a shard run alone): the o_proj output is this rank's sum. R > 1:
     every program rounds its ARB-column blocks of the o_proj output to bf16 (the GEMM's
     output dtype), pushes them to every rank (mono_common one-shot all-reduce), and stores
     the fp32 rank-order sum rounded to bf16 (SGLang's all-reduce output) in ar1; after a
-    hand-off inside the stage (the norm needs whole rows) the rows are normed from ar1."""
+    hand-off inside the stage (the norm needs whole rows) the rows are normed from ar1.
+    NC > 0 (Plan.PNC, the knob `postnorm_spread`): each row cut into NC chunks, one (row,
+    chunk) an item over the programs, as `_addnorm_spread` does addnorm's: every item's program
+    sums its whole row's squares as the one-program form does, then writes only its chunk."""
     c = tl.arange(0, HB)
     ok = True
     if R > 1:
@@ -729,24 +756,29 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             signal(cnt_ptr + STAGE_AR1, 1, False)
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
-    if ok and H // HB <= 4:
+    if ok and NC > 0:
+        CB: tl.constexpr = H // NC
+        off, cm = _row_as_4_chunks(H, HB)
+        cq = tl.arange(0, CB)
+        for t in range(pid, W * NC, nprog):
+            m = t // NC
+            h0 = (t % NC) * CB
+            rstd = _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R), H, eps)
+            rc = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, h0 + cq, cq >= 0, W, H, KS9, R)
+            w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
+            tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
+            tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
+    elif ok and H // HB <= 4:
         # the whole row as [4, HB] (as stage_addnorm): the sum and the residual computed once
         # and kept, the split-K slots one whole-row load each (KS9 memory round trips in all,
         # where the chunk loop paid ~KS9 / 2 a chunk and pass: ~18 at a TP8 rank, ~11 us);
         # the slots are added in slot order, as `_sum_splits` adds them
         off, cm = _row_as_4_chunks(H, HB)
         for m in range(pid, W, nprog):
-            if R > 1:
-                a = tl.load(ar1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
-            else:
-                acc = tl.zeros([4, HB], tl.float32)
-                for sl in range(KS9):
-                    acc += tl.load(op_ptr + sl * (W * H) + m * H + off, mask=cm, other=0.0)
-                a = _bf16(acc)
-            r = a + tl.load(resid1_ptr + m * H + off, mask=cm, other=0.0).to(tl.float32)
+            r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
             w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
             tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
-            rstd = tl.rsqrt(tl.sum(tl.sum(r * r, 1), 0) / H + eps)
+            rstd = _tile_rstd(r, H, eps)
             tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
     elif ok:
         for m in range(pid, W, nprog):
@@ -1180,7 +1212,7 @@ def layer_kernel(
     # the next layer's first weights requested after hand-off NXS (Plan.NXS; 0: not;
     # `_prefetch_next`), sm_90's fused launch only
     NXS: tl.constexpr = 0,
-    # each addnorm row cut into ANC chunks over the programs (Plan.ANC, a measurement knob:
+    # each addnorm row cut into ANC chunks over the programs (Plan.ANC, sm_90's default:
     # `_addnorm_spread`; 0: one program a row)
     ANC: tl.constexpr = 0,
     # the MoE's weights to f16 on the conversion unit, f16 MMAs, its quantised inputs (h2q,
@@ -1198,6 +1230,9 @@ def layer_kernel(
     # the SiLU folded into gate_up, each slot's by its last tile, its stage empty and hand-off 19
     # folded (Plan.SFO, a measurement knob; `mono_common.stages.moe.moe_gateup` fold_ptr)
     SFO: tl.constexpr = False,
+    # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
+    # measurement knob; 0: one program a row)
+    PNC: tl.constexpr = 0,
     # the weight prefetches dealt over the last PFN programs only (Plan.PFN, a measurement knob;
     # 0: every program; -1: none)
     PFN: tl.constexpr = 0,
@@ -1389,7 +1424,7 @@ def layer_kernel(
                                 _p(row, P.AP, bf16), _p(row, P.AR1, bf16), _p(row, P.CNT, i32), epoch,
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
-                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT)
+                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC)
     if FIRST <= 17 and LAST >= 17:
         if ok:
             ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
