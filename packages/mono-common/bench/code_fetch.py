@@ -18,8 +18,22 @@ The code sizes are those the SASS holds (16 bytes an instruction); the cubin is 
 tables). sm_90 only (%globaltimer); a compile of the 128 KB kernel takes ~40 s of one core, so
 the kernels compile in parallel processes first.
 
-Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR
-Prints one line per (size, state) and writes DIR/code_fetch.json.
+--roles: whether an SM that runs the same small code every launch keeps it warm through a
+layer's weight stream. A layer-shaped kernel (`_staged`): ROLE_STAGES stages of 16 KB of
+straight code each, different code a stage, a grid hand-off (`entries.grid_handoff`) after
+each, every program also requesting STREAM_KB of a 1 GB buffer into the L2 a stage (the L2
+turned over as a layer's weights turn it over, by `prefetch_range` as the layer requests its
+weights: queued ahead of the instruction fetches; 0: no stream). Two forms of the same binary:
+  all    every program runs every stage's code (128 KB an SM a launch, as the layer's ~300 KB)
+  roles  stage s's code runs only on the SMs with %smid % ROLE_STAGES == s, the others pass
+         its hand-off (16 KB an SM, the same code on the same SM every launch)
+each timed warm (launches back to back) and after a 256 MB read between launches (rplain).
+If `roles` stays near its warm time where `all` does not, pinning a stage's code to SMs that
+run nothing else would turn the layer's cold fetch (~0.3 us a KB in the layer, results README)
+into warm code.
+
+Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR [--roles]
+Prints one line per (size, state), or per (form, stream, state), and writes DIR/code_fetch.json.
 """
 
 from __future__ import annotations
@@ -32,6 +46,9 @@ import sys
 
 import triton
 import triton.language as tl
+
+from mono_common.stages.entries import grid_handoff
+from mono_common.stages.prefetch import prefetch_range
 
 NPROG = 132
 STEPS = (0, 256, 1024, 2048)  # 0, 16, 64, 128 KB
@@ -54,6 +71,52 @@ def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
         b = b * (1.0 - (i + SALT) * 1e-7) + 0.5
         c = c * (1.0 + (i + SALT) * 2e-7) - 0.25
         d = d * (1.0 - (i + SALT) * 2e-7) - 0.5
+    tl.store(o_ptr + pid * 128 + offs, a + b + c + d)
+    t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    tl.store(t_ptr + pid * 2, t0)
+    tl.store(t_ptr + pid * 2 + 1, t1)
+
+
+ROLE_STAGES, ROLE_STEPS = 8, 256  # 8 stages of 16 KB each
+STREAM_KB = (0, 64)  # a program's requests a stage: 0, or 132 x 64 KB = 8.4 MB a stage (67 MB a launch)
+STREAM_BYTES = 1 << 30
+
+
+@triton.jit
+def _chains(a, b, c, d, N: tl.constexpr, SALT: tl.constexpr):
+    for i in tl.static_range(N):
+        a = a * (1.0 + (i + SALT) * 1e-7) + 0.25
+        b = b * (1.0 - (i + SALT) * 1e-7) + 0.5
+        c = c * (1.0 + (i + SALT) * 2e-7) - 0.25
+        d = d * (1.0 - (i + SALT) * 2e-7) - 0.5
+    return a, b, c, d
+
+
+@triton.jit
+def _staged(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, NST: tl.constexpr, N: tl.constexpr,
+            ROLES: tl.constexpr, SKB: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    offs = tl.arange(0, 128)
+    a = tl.load(x_ptr + offs)
+    b = a + 1.0
+    c = a + 2.0
+    d = a + 3.0
+    for s in tl.static_range(NST):
+        if SKB > 0:
+            # this stage's part of the stream (a new part each stage and launch), requested into
+            # the L2 by every program as the layer requests its weights: queued ahead of the
+            # instruction fetches, nothing waited for
+            part = ((base // nprog + s).to(tl.int64) * nprog * (SKB * 1024)) % nsrc
+            prefetch_range(pid, nprog, src_ptr + part, nprog * SKB * 1024, True)
+        if ROLES:
+            if sm % NST == s:
+                a, b, c, d = _chains(a, b, c, d, N, s * 100000)
+        else:
+            a, b, c, d = _chains(a, b, c, d, N, s * 100000)
+        grid_handoff(bar_ptr, base + (s + 1) * nprog)
     tl.store(o_ptr + pid * 128 + offs, a + b + c + d)
     t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
     tl.store(t_ptr + pid * 2, t0)
@@ -89,12 +152,58 @@ def _launch(steps, salt, x, o, t):
     _straight[(NPROG,)](x, o, t, N=steps, SALT=salt, num_warps=4)
 
 
+class _Roles:
+    """The `_staged` kernel's buffers and its launches: the hand-off counter only grows, so
+    each launch's targets start where the last one's ended."""
+
+    def __init__(self, torch):
+        self.x, self.o, self.t = _buffers(torch)
+        self.bar = torch.zeros(2, dtype=torch.int32, device="cuda")
+        self.src = torch.ones(STREAM_BYTES, dtype=torch.uint8, device="cuda")
+        self.launches = 0
+
+    def launch(self, roles: bool, skb: int):
+        # 132 programs of 4 warps, one an SM on an idle GPU: all resident for the hand-offs
+        base = self.launches * ROLE_STAGES * NPROG
+        nsrc = STREAM_BYTES - NPROG * max(STREAM_KB) * 1024
+        _staged[(NPROG,)](self.x, self.o, self.t, self.bar, base, self.src, nsrc,
+                          NST=ROLE_STAGES, N=ROLE_STEPS, ROLES=roles, SKB=skb, num_warps=4)
+        self.launches += 1
+
+
 def _compile(job):
     import torch
 
-    _launch(*job, *_buffers(torch))
+    if job[0] == "roles":
+        _Roles(torch).launch(*job[1:])
+    else:
+        _launch(*job, *_buffers(torch))
     torch.cuda.synchronize()
     return job
+
+
+def measure_roles(torch, out=print) -> list[dict]:
+    r = _Roles(torch)
+    big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(4 * NPROG * 1024, dtype=torch.int32, device="cuda")
+    before = {"warm": lambda: None, "rplain": lambda: _read(big, dst, 0)}
+    rows = []
+    for skb in STREAM_KB:
+        for roles in (False, True):
+            for state, pre in before.items():
+                spans = []
+                for _ in range(SAMPLES):
+                    r.launch(roles, skb)
+                    pre()
+                    r.launch(roles, skb)
+                    torch.cuda.synchronize()
+                    v = r.t.view(NPROG, 2).cpu()
+                    spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
+                row = dict(form="roles" if roles else "all", stream_kb=skb, state=state,
+                           span_us=statistics.median(spans[SKIP:]))
+                out(f"{row['form']:5s} stream {skb:3d} KB a program a stage  {state:7s} {row['span_us']:8.2f} us")
+                rows.append(row)
+    return rows
 
 
 def measure(torch, out=print) -> list[dict]:
@@ -129,6 +238,7 @@ def measure(torch, out=print) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="code-fetch")
+    ap.add_argument("--roles", action="store_true", help="the layer-shaped probe: stage code pinned to SMs or not")
     a = ap.parse_args(argv)
     import multiprocessing as mp
 
@@ -137,10 +247,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.version.hip:
         print("code_fetch times sm_90 code by %globaltimer: it needs a CUDA GPU", file=sys.stderr)
         return 2
-    jobs = [(s, 0) for s in STEPS] + list(EVICTORS)
+    if a.roles:
+        jobs = [("roles", roles, skb) for roles in (False, True) for skb in STREAM_KB]
+    else:
+        jobs = [(s, 0) for s in STEPS] + list(EVICTORS)
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         pool.map(_compile, jobs)
-    rows = measure(torch)
+    rows = measure_roles(torch) if a.roles else measure(torch)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "code_fetch.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), triton=triton.__version__, rows=rows), f, indent=1)
