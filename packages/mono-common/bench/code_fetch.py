@@ -58,32 +58,13 @@ SAMPLES, SKIP = 25, 3
 
 
 @triton.jit
-def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
-    pid = tl.program_id(0)
-    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    offs = tl.arange(0, 128)
-    a = tl.load(x_ptr + offs)
-    b = a + 1.0
-    c = a + 2.0
-    d = a + 3.0
-    for i in tl.static_range(N):
-        a = a * (1.0 + (i + SALT) * 1e-7) + 0.25
-        b = b * (1.0 - (i + SALT) * 1e-7) + 0.5
-        c = c * (1.0 + (i + SALT) * 2e-7) - 0.25
-        d = d * (1.0 - (i + SALT) * 2e-7) - 0.5
-    tl.store(o_ptr + pid * 128 + offs, a + b + c + d)
-    t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    tl.store(t_ptr + pid * 2, t0)
-    tl.store(t_ptr + pid * 2 + 1, t1)
-
-
-ROLE_STAGES, ROLE_STEPS = 8, 256  # 8 stages of 16 KB each
-STREAM_KB = (0, 64)  # a program's requests a stage: 0, or 132 x 64 KB = 8.4 MB a stage (67 MB a launch)
-STREAM_BYTES = 1 << 30
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
 
 
 @triton.jit
 def _chains(a, b, c, d, N: tl.constexpr, SALT: tl.constexpr):
+    """N steps of 4 independent FFMA chains, every constant an immediate (SALT: other code)."""
     for i in tl.static_range(N):
         a = a * (1.0 + (i + SALT) * 1e-7) + 0.25
         b = b * (1.0 - (i + SALT) * 1e-7) + 0.5
@@ -93,17 +74,42 @@ def _chains(a, b, c, d, N: tl.constexpr, SALT: tl.constexpr):
 
 
 @triton.jit
+def _seeds(x_ptr):
+    a = tl.load(x_ptr + tl.arange(0, 128))
+    return a, a + 1.0, a + 2.0, a + 3.0
+
+
+@triton.jit
+def _finish(o_ptr, t_ptr, pid, t0, a, b, c, d):
+    """The chains' sum stored (so nothing is dropped), then the program's start and end stamps."""
+    tl.store(o_ptr + pid * 128 + tl.arange(0, 128), a + b + c + d)
+    t1 = _now()
+    tl.store(t_ptr + pid * 2, t0)
+    tl.store(t_ptr + pid * 2 + 1, t1)
+
+
+@triton.jit
+def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
+    pid = tl.program_id(0)
+    t0 = _now()
+    a, b, c, d = _seeds(x_ptr)
+    a, b, c, d = _chains(a, b, c, d, N, SALT)
+    _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
+
+
+ROLE_STAGES, ROLE_STEPS = 8, 256  # 8 stages of 16 KB each
+STREAM_KB = (0, 64)  # a program's requests a stage: 0, or 132 x 64 KB = 8.4 MB a stage (67 MB a launch)
+STREAM_BYTES = 1 << 30
+
+
+@triton.jit
 def _staged(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, NST: tl.constexpr, N: tl.constexpr,
             ROLES: tl.constexpr, SKB: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+    t0 = _now()
     sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-    offs = tl.arange(0, 128)
-    a = tl.load(x_ptr + offs)
-    b = a + 1.0
-    c = a + 2.0
-    d = a + 3.0
+    a, b, c, d = _seeds(x_ptr)
     for s in tl.static_range(NST):
         if SKB > 0:
             # this stage's part of the stream (a new part each stage and launch), requested into
@@ -117,10 +123,7 @@ def _staged(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, NST: tl.constexpr
         else:
             a, b, c, d = _chains(a, b, c, d, N, s * 100000)
         grid_handoff(bar_ptr, base + (s + 1) * nprog)
-    tl.store(o_ptr + pid * 128 + offs, a + b + c + d)
-    t1 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
-    tl.store(t_ptr + pid * 2, t0)
-    tl.store(t_ptr + pid * 2 + 1, t1)
+    _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
 
 
 @triton.jit

@@ -212,6 +212,30 @@ def test_a_kernel_built_for_a_longer_served_context_gives_the_same_bits():
     assert (a[2][:3] >= 0).sum() == 16 + 9 + 16  # rows 0 and 2 select 16 of 40 and 33, row 1 all 9
 
 
+def test_index_prefetch_reads_the_tiles_ahead_and_gives_the_default_bits():
+    """index_prefetch (Plan.ISP): the index scores' loop reads the page table two tiles ahead
+    and carries two tiles (the interpreter runs the lookahead, not sm_90's prefetch). On 3
+    programs over 16-token tiles of rows of 40, 9 and 33 tokens (3 + 1 + 3 tiles: a program runs
+    two or three, across rows, the last ahead past the end), the scores, the top-k and the whole
+    layer are the default's bits."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 40, True, seed=23, ctxs=[40, 9, 33])
+    got = []
+    for isp in (False, True):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=40, nprog=3, device="cpu", index_tile=16, index_prefetch=isp)
+        assert k.plan.ISP == isp and k.plan.TB == 16
+        got.append((kernel_out(c, k, "staged"), k.scores.clone()))
+    ((a, ca), sa), ((b, cb), sb) = got
+    assert torch.equal(sa, sb)
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+
+
 def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
     """oproj_fixup (Plan.FIX9): each o_proj column tile's last span sums the tile's partial
     slots into slot 0 and postnorm reads that slot alone; the outputs and caches are the

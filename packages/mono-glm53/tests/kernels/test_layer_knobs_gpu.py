@@ -48,6 +48,8 @@ KNOB_SETS = {
     # the SiLU folded into gate_up: each slot's last tile (a counter a slot, set back to zero
     # by it) runs the slot's SiLU, hand-off 19 folded
     "silu_fold": dict(silu_fold=True),
+    # the index scores' page table read two tiles ahead, the next tile's keys requested early
+    "index_prefetch": dict(index_prefetch=True),
     # the post-attention norm's rows in chunks over the programs, as addnorm's
     "postnorm_spread": dict(postnorm_spread=True),
     # the weights' L2 prefetches from the last 64 programs only, and none at all: only the

@@ -141,6 +141,21 @@ def test_norm_spread_cuts_each_row_into_the_most_chunks_that_give_every_item_a_p
         _with_knobs(dataclasses.replace(plan, HB=1024), s, 264, {"norm_spread": True})
 
 
+def test_index_prefetch_needs_the_indexer_and_sm90():
+    """index_prefetch sets Plan.ISP; a layer without the indexer and gfx950 (no L2 prefetch)
+    refuse it, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert not plan.ISP and _with_knobs(plan, s, 264, {"index_prefetch": True}).ISP
+    assert not _with_knobs(plan, s, 264, {"index_prefetch": False}).ISP
+    with pytest.raises(ValueError, match=r"index_prefetch needs the indexer"):
+        _with_knobs(make_plan(s, 2, False, 264), s, 264, {"index_prefetch": True})
+    with pytest.raises(ValueError, match=r"index_prefetch is sm_90's L2 prefetch: gfx950 has none"):
+        _with_knobs(plan, s, 264, {"index_prefetch": True}, hip=True)
+
+
 def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
     """postnorm_spread sets Plan.PNC to `addnorm_chunks`'s count (24 at 8 rows of a TP8 rank on
     264 programs); a rank of a world (its all-reduced rows have no test in that form yet), a

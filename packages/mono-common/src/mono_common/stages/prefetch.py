@@ -9,6 +9,10 @@ a program a step (one line a thread), and returns without waiting for anything.
   prefetch_range(pid, nprog, base, nbytes, ON): the lines of [base, base + nbytes) (any
       pointer type; nbytes a runtime or constexpr int), dealt over programs 0..nprog-1;
       ON (constexpr) False compiles to nothing.
+  prefetch_lines(ptrs, ON): the line holding each pointer of the tensor ptrs (any shape and
+      pointer type, as the tensor's layout deals it over the program's threads), for gathers
+      whose addresses are data (a paged cache's rows, known a step before they are read);
+      callers point masked lanes at an address that is valid. ON False: nothing.
 
 ISA: sm_90 issues `prefetch.global.L2` (no register result, no completion to wait for).
 gfx950 has no L2-only prefetch instruction that Triton can emit; there the callers pass ON =
@@ -41,3 +45,9 @@ def prefetch_range(pid, nprog, base, nbytes, ON: tl.constexpr):
             ln = tl.minimum(l0 + lane, nlines - 1).to(tl.int64)
             _l2_prefetch(b + ln * LINE)
 
+
+@triton.jit
+def prefetch_lines(ptrs, ON: tl.constexpr):
+    """Request the L2 line of each pointer of `ptrs` (sm_90); nothing waits for it."""
+    if ON:
+        _l2_prefetch(ptrs.to(tl.pointer_type(tl.uint8)).to(tl.int64, bitcast=True))

@@ -181,6 +181,9 @@ class Plan:
     # the SiLU folded into gate_up: each slot's last gate_up tile runs the slot's SiLU, the SiLU
     # stage is empty and its hand-off folded (`silu_fold`, a knob)
     SFO: bool = False
+    # the index scores' page-table entries read two tiles ahead and the next tile's keys
+    # requested into the L2 (`index_prefetch`, a knob)
+    ISP: bool = False
     # the post-attention norm's rows each cut into PNC chunks dealt over the programs
     # (`postnorm_spread`, a knob; 0: one program a row)
     PNC: int = 0
@@ -333,6 +336,8 @@ KNOBS = {
                       "no longer row (sm_90): the same entries",
     "silu_fold": "Plan.SFO, the SiLU folded into gate_up: each slot's last gate_up tile (a counter a slot) runs "
                  "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
+    "index_prefetch": "Plan.ISP, the index scores' loop reading the page table two tiles ahead and requesting "
+                      "the next tile's keys and scales into the L2 while a tile computes (sm_90; the same bits)",
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",
@@ -509,6 +514,13 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("next_layer_prefetch is sm_90's L2 prefetch: gfx950 has no such instruction")
         else:
             change["NXS"] = NEXT_PREFETCH_STAGES[nx]
+    if k.get("index_prefetch"):
+        if hip:
+            errors.append("index_prefetch is sm_90's L2 prefetch: gfx950 has none, build without it")
+        elif not plan.INDEXER:
+            errors.append("index_prefetch needs the indexer (a layer without one has no index scores)")
+        else:
+            change["ISP"] = True
     if k.get("postnorm_spread"):
         nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
         if hip:

@@ -101,6 +101,7 @@ from mono_common.stages.numerics import e4m3_operand as _e4m3_operand
 from mono_common.stages.numerics import e4m3_val as _e4m3_val
 from mono_common.stages.numerics import quant_blocks as _quant_blocks
 from mono_common.stages.numerics import rbf as _rbf
+from mono_common.stages.prefetch import prefetch_lines as _prefetch_lines
 from mono_common.stages.prefetch import prefetch_range as _prefetch
 from mono_common.stages.rope import hadamard as _hadamard
 from mono_common.stages.rope import rope_apply as _rope_apply
@@ -591,7 +592,12 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                  stride_rtt, scores_ptr, max_tb, stride_sc, tkh_ptr,
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False,
-                 TOPK: tl.constexpr = 0, TKF: tl.constexpr = False, IF16: tl.constexpr = False):
+                 TOPK: tl.constexpr = 0, TKF: tl.constexpr = False, IF16: tl.constexpr = False,
+                 ISP: tl.constexpr = False, PF: tl.constexpr = False):
+    # ISP (Plan.ISP, a measurement knob): the page-table entries read two tiles ahead, and the
+    # next tile's keys and scales requested into the L2 (PF: sm_90's prefetch; without it only
+    # the lookahead runs) while this tile computes, so a tile's keys come from the L2, not the
+    # HBM: at long contexts each program runs tens of tiles, one key round trip each
     # TKF (Plan.TKF, sm_90's default): each tile's scores also go into the row's first
     # top-k histogram (`topk_hist_first`), so the first radix pass has no stage of its own; the
     # histograms are zeroed by stage_qb then, two hand-offs before
@@ -613,11 +619,18 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
         hh = tl.arange(0, IHP)
         hm = hh < IH
         m, ti, tv, phys = _iscore_tile(pid, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
+        if ISP:
+            m1, ti1, tv1, phys1 = _iscore_tile(pid + nprog, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
         # num_stages=1: Triton's own pipelining of this loop (it has no branch now) took 52 more
         # VGPRs on gfx950 (220 -> 272: one program a CU, not two) and spilled 4 bytes on sm_90
         # under Triton 3.6 at 8 rows (Triton 3.8 compile checks, session 18)
         for t in tl.range(pid, total, nprog, num_stages=1):
-            m1, ti1, tv1, phys1 = _iscore_tile(t + nprog, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
+            if ISP:
+                m2, ti2, tv2, phys2 = _iscore_tile(t + 2 * nprog, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt,
+                                                   TB)
+                _iscore_keys_ahead(idx_cache_ptr, phys1, tv1, PG, ID, PF)
+            else:
+                m1, ti1, tv1, phys1 = _iscore_tile(t + nprog, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB)
             pg = phys // PG
             off = phys % PG
             kb = idx_cache_ptr + pg * (PG * (ID + 4))
@@ -636,6 +649,23 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
             ti = ti1
             tv = tv1
             phys = phys1
+            if ISP:
+                m1 = m2
+                ti1 = ti2
+                tv1 = tv2
+                phys1 = phys2
+
+
+@triton.jit
+def _iscore_keys_ahead(idx_cache_ptr, phys, tv, PG: tl.constexpr, ID: tl.constexpr, ON: tl.constexpr):
+    """The L2 lines of a tile's index keys (a line a token) and scales at cache slots `phys`
+    (the tile's tokens `tv`; the others point at the cache's first line), requested ahead."""
+    pg = phys // PG
+    off = phys % PG
+    row = tl.where(tv, pg * (PG * (ID + 4)) + off * ID, 0)
+    scale = tl.where(tv, pg * (PG * (ID + 4)) + PG * ID + off * 4, 0)
+    _prefetch_lines(idx_cache_ptr + row, ON)
+    _prefetch_lines(idx_cache_ptr + scale, ON)
 
 
 @triton.jit
@@ -1230,6 +1260,9 @@ def layer_kernel(
     # the SiLU folded into gate_up, each slot's by its last tile, its stage empty and hand-off 19
     # folded (Plan.SFO, a measurement knob; `mono_common.stages.moe.moe_gateup` fold_ptr)
     SFO: tl.constexpr = False,
+    # the index scores' page-table entries two tiles ahead and the next tile's keys requested
+    # into the L2 (Plan.ISP, a measurement knob)
+    ISP: tl.constexpr = False,
     # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
     # measurement knob; 0: one program a row)
     PNC: tl.constexpr = 0,
@@ -1344,7 +1377,7 @@ def layer_kernel(
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
-                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16)
+                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     if TKL:
