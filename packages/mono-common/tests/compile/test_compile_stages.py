@@ -66,7 +66,8 @@ def test_gemv_span_fixup_compiles_without_spills(target, record_property):
 SMALL = [
     ("topk", "topk_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32", "tkh_ptr": "*i32",
                             "tkc_ptr": "*i32", "topk_ptr": "*i32", "nck": "i32", "pass_rt": "i32"},
-     [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)] + [dict(W=8, TOPK=2048, STAGE=1, RT=True)]),
+     [dict(W=8, TOPK=2048, STAGE=st) for st in range(6)] + [dict(W=8, TOPK=2048, STAGE=1, RT=True)]
+     + [dict(W=8, TOPK=2048, STAGE=st, ONCE=True) for st in (3, 4, 5)]),
     ("topk_first", "topk_first_entry", {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32",
                                         "tkh_ptr": "*i32"}, [dict(W=8, TOPK=2048, TB=64)]),
     ("routing", "routing_entry", {"lg_ptr": "*fp32", "bias_ptr": "*fp32", "w_ptr": "*fp32", "used_ptr": "*i32",

@@ -13,23 +13,27 @@ from mono_common.ref.routing import biased_topk  # noqa: E402
 from mono_common.stages import small_host as H  # noqa: E402
 
 
-@pytest.mark.parametrize("first_tile,rt,short", [(0, False, 0), (64, False, 0), (0, True, 0), (0, False, 1024),
-                                                 (0, False, 512)],
+@pytest.mark.parametrize("first_tile,rt,short,once", [(0, False, 0, False), (64, False, 0, False),
+                                                      (0, True, 0, False), (0, False, 1024, False),
+                                                      (0, False, 512, False), (0, False, 512, True)],
                          ids=["own-stage", "first-pass-by-producer", "runtime-pass", "short-rows-counted-by-write",
-                              "some-rows-counted-by-write"])
+                              "some-rows-counted-by-write", "thresholds-once-a-program"])
 @pytest.mark.parametrize("lens", [(700, 40, 300, 1), (256, 257, 512, 33)], ids=["long-short", "chunk-edges"])
-def test_radix_topk_selects_the_top_k_set(lens, first_tile, rt, short):
+def test_radix_topk_selects_the_top_k_set(lens, first_tile, rt, short, once):
     """The top-k set, above-threshold keys then ties in index order; with the first radix
     pass run by the scores' producer (`topk_hist_first`, tiles of 64), with each pass's
-    number a runtime value (`topk_hist` RT), and with rows of at most `short` tokens counted
+    number a runtime value (`topk_hist` RT), with rows of at most `short` tokens counted
     by the write stage from their keys (`topk` SHORT: every row, the count stage not launched;
-    or 512: the 700-token row still counted by the count stage), the same."""
+    or 512: the 700-token row still counted by the count stage), and with every row's
+    threshold digits derived once a run of a program's contiguous tiles (`topk` ONCE: 3
+    programs over 3 + 2 chunks of two long rows in runs of 2, so one run crosses rows), the
+    same."""
     k = 128
     g = torch.Generator().manual_seed(sum(lens))
     L = max(lens)
     scores = torch.randn(len(lens), L, generator=g)  # distinct values: the set is unique
     seqlen = torch.tensor(lens, dtype=torch.int32)
-    got = H.run_topk(scores, seqlen, k, nprog=3, first_tile=first_tile, rt=rt, short=short)
+    got = H.run_topk(scores, seqlen, k, nprog=3, first_tile=first_tile, rt=rt, short=short, once=once)
     for m, n in enumerate(lens):
         row = got[m]
         if n <= k:
@@ -75,15 +79,16 @@ def test_radix_topk_in_buffers_wider_than_the_rows_touches_only_the_rows():
         assert (tkc[m, live:] == -5).all() and (tkc[m, :live] >= 0).all(), m
 
 
-@pytest.mark.parametrize("first_tile,short", [(0, 0), (32, 0), (0, 512)])
-def test_radix_topk_ties_resolve_in_index_order(first_tile, short):
+@pytest.mark.parametrize("first_tile,short,once", [(0, 0, False), (32, 0, False), (0, 512, False), (0, 0, True)])
+def test_radix_topk_ties_resolve_in_index_order(first_tile, short, once):
     # short: the write stage counts the row itself (the second chunk's ties come after the
-    # first chunk's 254, past the k slots)
+    # first chunk's 254, past the k slots); once: the threshold derived once a program
     k = 8
     scores = torch.zeros(1, 300)
     scores[0, 10] = 5.0
     scores[0, 250] = 4.0  # the rest tie at 0.0: the lowest indices fill the remaining 6 slots
-    got = H.run_topk(scores, torch.tensor([300], dtype=torch.int32), k, nprog=2, first_tile=first_tile, short=short)
+    got = H.run_topk(scores, torch.tensor([300], dtype=torch.int32), k, nprog=2, first_tile=first_tile, short=short,
+                     once=once)
     assert got[0].tolist() == [10, 250, 0, 1, 2, 3, 4, 5]
 
 

@@ -236,6 +236,32 @@ def test_index_prefetch_reads_the_tiles_ahead_and_gives_the_default_bits():
     assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
 
 
+def test_radix_prefix_once_derives_each_rows_threshold_once_and_gives_the_default_bits():
+    """radix_prefix_once (Plan.TKP): the radix passes, the counts and the write run each
+    program's tiles as a contiguous run and derive a row's threshold digits once a run
+    (`topk.tk_span`, `tk_prefix_cached`), not once a tile. On 4 programs over rows of 600, 530
+    and 9 tokens (3 + 3 chunks of 256 keys, runs of 2: the second program's run crosses from
+    one long row to the other, whose thresholds differ), the histograms, chunk counts, top-k
+    and the layer are the default's."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 600, True, seed=29, ctxs=[600, 530, 9])
+    got = []
+    for once in (False, True):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", radix_prefix_once=once)
+        assert k.plan.TKP == once
+        got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.tkc.clone(), k.topk.clone()))
+    ((a, ca), ha, na, ta), ((b, cb), hb, nb, tb) = got
+    assert torch.equal(ha, hb) and torch.equal(na, nb) and torch.equal(ta, tb)
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert (ta[:3] >= 0).sum() == 16 + 16 + 9
+
+
 def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
     """oproj_fixup (Plan.FIX9): each o_proj column tile's last span sums the tile's partial
     slots into slot 0 and postnorm reads that slot alone; the outputs and caches are the

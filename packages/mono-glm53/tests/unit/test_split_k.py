@@ -156,6 +156,20 @@ def test_index_prefetch_needs_the_indexer_and_sm90():
         _with_knobs(plan, s, 264, {"index_prefetch": True}, hip=True)
 
 
+def test_radix_prefix_once_takes_the_unrolled_passes_on_sm90():
+    """radix_prefix_once sets Plan.TKP; with radix_loop (the passes' runtime loop) and on
+    gfx950 it is refused, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 8, True, 264)
+    assert not plan.TKP and _with_knobs(plan, s, 264, {"radix_prefix_once": True}).TKP
+    with pytest.raises(ValueError, match=r"radix_prefix_once takes the unrolled radix passes"):
+        _with_knobs(plan, s, 264, {"radix_prefix_once": True, "radix_loop": True})
+    with pytest.raises(ValueError, match=r"radix_prefix_once is not resource-checked on gfx950"):
+        _with_knobs(plan, s, 264, {"radix_prefix_once": True}, hip=True)
+
+
 def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
     """postnorm_spread sets Plan.PNC to `addnorm_chunks`'s count (24 at 8 rows of a TP8 rank on
     264 programs); a rank of a world (its all-reduced rows have no test in that form yet), a

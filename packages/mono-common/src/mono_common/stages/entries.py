@@ -104,20 +104,20 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
 @triton.jit
 def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, pass_rt,
                W: tl.constexpr, TOPK: tl.constexpr, STAGE: tl.constexpr, RT: tl.constexpr = False,
-               SHORT: tl.constexpr = 0):
+               SHORT: tl.constexpr = 0, ONCE: tl.constexpr = False):
     # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it;
     # SHORT: the count and write stages' SHORT (`stages.topk`: rows of at most SHORT tokens
-    # counted by the write)
+    # counted by the write); ONCE: the rows' threshold digits derived once a program
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE < 4:
         topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True,
-                  pass_rt if RT else STAGE, RT)
+                  pass_rt if RT else STAGE, RT, ONCE)
     elif STAGE == 4:
-        topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True, SHORT)
+        topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck, W, TOPK, True, SHORT, ONCE)
     else:
         topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, W, TOPK, True,
-                   SHORT)
+                   SHORT, ONCE)
 
 
 @triton.jit

@@ -11,12 +11,14 @@ layer links them by hand-offs). torch is imported inside the functions.
 from __future__ import annotations
 
 
-def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0):
+def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
+             once: bool = False):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
     short > 0 (a power of two): rows of at most that many tokens counted by the write stage
-    (`topk` SHORT); the count stage is not launched when no row is longer."""
+    (`topk` SHORT); the count stage is not launched when no row is longer. once: every row's
+    threshold digits derived once a program (`topk` ONCE; not with rt)."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -33,7 +35,7 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
         if stage == 4 and short and int(seqlen.max()) <= short:
             continue
         topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, stage, W=W, TOPK=k, STAGE=stage,
-                             RT=rt, SHORT=short)
+                             RT=rt, SHORT=short, ONCE=once)
     return topk
 
 

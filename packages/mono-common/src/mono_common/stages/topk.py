@@ -80,6 +80,29 @@ def tk_prefix_rt(hb, TOPK: tl.constexpr, passes):
 
 
 @triton.jit
+def tk_span(pid, nprog, total, ONCE: tl.constexpr):
+    """The tiles program pid runs, as range bounds and step: every nprog-th from pid, or (ONCE)
+    a contiguous run of about total / nprog, so that a program's tiles are mostly one row's and
+    `tk_prefix_cached` derives its threshold once a row, not once a tile (each digit: five
+    block-wide reductions over 256 bins; at 65536 keys a row, 8 rows, 264 programs, a program
+    runs ~8 tiles, strided each of another row). The same tiles in all, so the same integers."""
+    if ONCE:
+        per = (total + nprog - 1) // nprog
+        return pid * per, tl.minimum(total, pid * per + per), 1
+    else:
+        return pid, total, nprog
+
+
+@triton.jit
+def tk_prefix_cached(hb, m, last, thr, TOPK: tl.constexpr, PASSES: tl.constexpr):
+    """`tk_prefix` of row m's histograms at hb, reusing thr when m is the row `last` it was
+    derived for: (thr, m)."""
+    if m != last:
+        thr = tk_prefix(hb, TOPK, PASSES)
+    return thr, m
+
+
+@triton.jit
 def tk_keys(scores_ptr, stride_sc, m, c0, n):
     """Row m's order-preserving keys of chunk c0..c0+TKC and which of them are tokens (< n)."""
     inb = c0 + tl.arange(0, TKC) < n
@@ -115,23 +138,32 @@ def tk_locate(t, rows, ns, first, cnt):
 
 @triton.jit
 def topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck,
-                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS, RT: tl.constexpr = False):
+                 W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, PASS, RT: tl.constexpr = False,
+                 ONCE: tl.constexpr = False):
     """Radix pass PASS of the exact top-TOPK (rows with more than TOPK tokens): the histogram
     of digit PASS among the keys that share the threshold's first PASS digits, one chunk of a
     row per tile, added into the row's histogram PASS (integer atomics: any order, same sum).
     PASS is a constexpr unless RT: then a runtime value (the passes as one loop over one copy
-    of this code, `tk_prefix_rt`), the same integers."""
+    of this code, `tk_prefix_rt`), the same integers. ONCE (constexpr PASS only): a program's
+    tiles a contiguous run, a row's digits derived once a run (`tk_span`), the same integers."""
+    tl.static_assert(not (ONCE and RT), "ONCE takes a constexpr PASS")
     if INDEXER:
         shift = 24 - 8 * PASS
         rows, ns = tk_rows(seqlen_ptr, W)
         cnt = tl.where(ns > TOPK, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
         first, total = tk_tiles(rows, cnt)
-        for t in range(pid, total, nprog):
+        t0, t1, step = tk_span(pid, nprog, total, ONCE)
+        if ONCE:
+            last = tl.full([], -1, tl.int32)
+            thr = tl.full([], 0, tl.int64)
+        for t in range(t0, t1, step):
             m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
             hb = tkh_ptr + m * TKH_ROW
             if RT:
                 thr = tk_prefix_rt(hb, TOPK, PASS)
+            elif ONCE:
+                thr, last = tk_prefix_cached(hb, m, last, thr, TOPK, PASS)
             else:
                 thr = tk_prefix(hb, TOPK, PASS)
             inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
@@ -211,18 +243,27 @@ def _chunk_counts(tkc_ptr, m, nck, n, c):
 
 @triton.jit
 def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0):
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0,
+                  ONCE: tl.constexpr = False):
     """Per chunk of a row with more than TOPK tokens (and, SHORT > 0, more than SHORT: the write
     counts the shorter rows itself): how many of its keys exceed the threshold and how many
-    equal it (the write stage places each chunk's keys after the earlier chunks')."""
+    equal it (the write stage places each chunk's keys after the earlier chunks'). ONCE: a
+    program's tiles a contiguous run, a row's threshold derived once a run (`tk_span`)."""
     if INDEXER:
         rows, ns = tk_rows(seqlen_ptr, W)
         low: tl.constexpr = max(TOPK, SHORT)
         cnt = tl.where(ns > low, tl.minimum((ns + TKC - 1) // TKC, nck), 0)
         first, total = tk_tiles(rows, cnt)
-        for t in range(pid, total, nprog):
+        t0, t1, step = tk_span(pid, nprog, total, ONCE)
+        if ONCE:
+            last = tl.full([], -1, tl.int32)
+            thr = tl.full([], 0, tl.int64)
+        for t in range(t0, t1, step):
             m, c, n = tk_locate(t, rows, ns, first, cnt)
-            thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+            if ONCE:
+                thr, last = tk_prefix_cached(tkh_ptr + m * TKH_ROW, m, last, thr, TOPK, 4)
+            else:
+                thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
             inb, key = tk_keys(scores_ptr, stride_sc, m, c * TKC, n)
             cb = tkc_ptr + (m * nck + c) * 2
             tl.store(cb, tl.sum(((key > thr) & inb).to(tl.int32), 0))
@@ -231,12 +272,14 @@ def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
 
 @triton.jit
 def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
-                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0):
+                  W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0,
+                  ONCE: tl.constexpr = False):
     """The row's top-TOPK token indices: every key above the threshold in index order, then the
     ties in index order until TOPK are placed (deterministic); a row of n <= TOPK tokens takes
     0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts: from tkc,
     or (SHORT > 0, a row of at most SHORT tokens) counted from the row's keys (`_row_counts`:
-    the same integers)."""
+    the same integers). ONCE: a program's tiles a contiguous run, a row's threshold derived
+    once a run (`tk_span`)."""
     if INDEXER:
         dig = tl.arange(0, TKC)
         rows, ns = tk_rows(seqlen_ptr, W)
@@ -244,14 +287,21 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
         cnt = tl.where(rows < W, tl.where(ns <= TOPK, (TOPK + TKC - 1) // TKC,
                                           tl.minimum((ns + TKC - 1) // TKC, nck)), 0)
         first, total = tk_tiles(rows, cnt)
-        for t in range(pid, total, nprog):
+        t0, t1, step = tk_span(pid, nprog, total, ONCE)
+        if ONCE:
+            last = tl.full([], -1, tl.int32)
+            thr = tl.full([], 0, tl.int64)
+        for t in range(t0, t1, step):
             m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
             if n <= TOPK:
                 tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
                          mask=c0 + dig < TOPK)
             else:
-                thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
+                if ONCE:
+                    thr, last = tk_prefix_cached(tkh_ptr + m * TKH_ROW, m, last, thr, TOPK, 4)
+                else:
+                    thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
                 if SHORT > 0:
                     if n <= SHORT:
                         gtb, eqb, gtt = _row_counts(scores_ptr, stride_sc, m, n, c0, thr, SHORT)

@@ -184,6 +184,9 @@ class Plan:
     # the index scores' page-table entries read two tiles ahead and the next tile's keys
     # requested into the L2 (`index_prefetch`, a knob)
     ISP: bool = False
+    # the top-k stages' threshold digits of every row derived once a program before its tiles,
+    # not once a tile (`radix_prefix_once`, a knob)
+    TKP: bool = False
     # the post-attention norm's rows each cut into PNC chunks dealt over the programs
     # (`postnorm_spread`, a knob; 0: one program a row)
     PNC: int = 0
@@ -338,6 +341,8 @@ KNOBS = {
                  "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
     "index_prefetch": "Plan.ISP, the index scores' loop reading the page table two tiles ahead and requesting "
                       "the next tile's keys and scales into the L2 while a tile computes (sm_90; the same bits)",
+    "radix_prefix_once": "Plan.TKP, the top-k stages (radix passes 1-3, counts, write) deriving every row's "
+                         "threshold digits once a program before its tiles, not once a tile (the same integers)",
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",
@@ -521,6 +526,13 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("index_prefetch needs the indexer (a layer without one has no index scores)")
         else:
             change["ISP"] = True
+    if k.get("radix_prefix_once"):
+        if hip:
+            errors.append("radix_prefix_once is not resource-checked on gfx950: build without it")
+        elif change.get("TKL", plan.TKL):
+            errors.append("radix_prefix_once takes the unrolled radix passes: build it without radix_loop")
+        else:
+            change["TKP"] = True
     if k.get("postnorm_spread"):
         nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
         if hip:

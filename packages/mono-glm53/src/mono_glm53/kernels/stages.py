@@ -1129,43 +1129,46 @@ def _sync_lazy(row, s, epoch, nprog, pid,
 def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr,
                FUSED: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
                W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, TKF: tl.constexpr = False,
-               PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0, SYC: tl.constexpr = False):
+               PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0, SYC: tl.constexpr = False, TKP: tl.constexpr = False):
     """Stage s of 6..9 when in FIRST..LAST: the hand-off into it, then radix pass s - 6 (TKF:
-    pass 0 ran in the index scores, stage 6 is empty and has no hand-off)."""
+    pass 0 ran in the index scores, stage 6 is empty and has no hand-off; TKP: the rows'
+    threshold digits derived once a program, `topk_hist` ONCE)."""
     if FIRST <= s and LAST >= s and TKF and s == 6:
         if ok:
             ok = _skip(row, s, pid, FUSED and FIRST < s, CLOCK)
     elif FIRST <= s and LAST >= s:
         ok = _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, FUSED and FIRST < s, R, CLOCK, FAULT, W, TOPK,
-                          INDEXER, PADKB if PADS == s else 0, SYC)
+                          INDEXER, PADKB if PADS == s else 0, SYC, False, TKP)
     return ok
 
 
 @triton.jit
 def _tkhist_pass(row, ok, s, epoch, nprog, pid, nck, WAIT: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr,
                  FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr,
-                 PAD: tl.constexpr = 0, SYC: tl.constexpr = False, RT: tl.constexpr = False):
-    """Stage s of 6..9: the hand-off into it, then radix pass s - 6 (RT: s a runtime value)."""
+                 PAD: tl.constexpr = 0, SYC: tl.constexpr = False, RT: tl.constexpr = False,
+                 ONCE: tl.constexpr = False):
+    """Stage s of 6..9: the hand-off into it, then radix pass s - 6 (RT: s a runtime value;
+    ONCE: `topk_hist` ONCE)."""
     if ok:
         ok = _sync(row, s, epoch, nprog, pid, WAIT, R, CLOCK, FAULT, PAD, SYC)
     if ok:
         stage_tkhist(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                     _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6, RT)
+                     _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), nck, W, TOPK, INDEXER, s - 6, RT, ONCE)
     return ok
 
 
 @triton.jit
 def _tkcount_at(row, ok, epoch, nprog, pid, nck, WAIT: tl.constexpr, R: tl.constexpr, CLOCK: tl.constexpr,
                 FAULT: tl.constexpr, PAD: tl.constexpr, SYC: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                INDEXER: tl.constexpr, TKW: tl.constexpr = 0):
+                INDEXER: tl.constexpr, TKW: tl.constexpr = 0, TKP: tl.constexpr = False):
     """Stage 10: the hand-off into it, then the top-k's chunk counts (TKW: of the rows longer
-    than TKW only, `stage_tkcount` SHORT)."""
+    than TKW only, `stage_tkcount` SHORT; TKP: `stage_tkcount` ONCE)."""
     if ok:
         ok = _sync(row, 10, epoch, nprog, pid, WAIT, R, CLOCK, FAULT, PAD, SYC)
     if ok:
         stage_tkcount(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                       _p(row, P.SEQLEN, tl.int32), _p(row, P.TKH, tl.int32), _p(row, P.TKC, tl.int32), nck, W, TOPK,
-                      INDEXER, TKW)
+                      INDEXER, TKW, TKP)
     return ok
 
 
@@ -1263,6 +1266,9 @@ def layer_kernel(
     # the index scores' page-table entries two tiles ahead and the next tile's keys requested
     # into the L2 (Plan.ISP, a measurement knob)
     ISP: tl.constexpr = False,
+    # the top-k stages' threshold digits of every row derived once a program, not once a tile
+    # (Plan.TKP, a measurement knob; mono_common.stages.topk ONCE)
+    TKP: tl.constexpr = False,
     # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
     # measurement knob; 0: one program a row)
     PNC: tl.constexpr = 0,
@@ -1386,7 +1392,7 @@ def layer_kernel(
     else:
         for s in tl.static_range(6, 10):
             ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK,
-                            INDEXER, TKF, PADS, PADKB, SYC)
+                            INDEXER, TKF, PADS, PADKB, SYC, TKP)
     if FIRST <= 10 and LAST >= 10:
         # TKW: the write counts rows of at most TKW tokens itself; a step with no longer row
         # has nothing to count, and its hand-off only signals (every program decides alike)
@@ -1396,10 +1402,10 @@ def layer_kernel(
                     ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
                 else:
                     ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
-                                     PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW)
+                                     PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW, TKP)
         else:
             ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
-                             PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER)
+                             PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, 0, TKP)
     if FIRST <= 11 and LAST >= 11:
         if ok:
             ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
@@ -1407,7 +1413,7 @@ def layer_kernel(
         if ok:
             stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
                           _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER,
-                          TKW)
+                          TKW, TKP)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
