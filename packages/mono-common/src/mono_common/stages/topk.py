@@ -242,6 +242,19 @@ def _chunk_counts(tkc_ptr, m, nck, n, c):
 
 
 @triton.jit
+def _run_counts(tkc_ptr, m, nck, n, c, run, gtb_n, eqb_n, gtt_n):
+    """`_chunk_counts` of chunk c, taken from the carried counts when `run` (c follows the
+    program's previous chunk of the row), and the counts carried to chunk c + 1: (gtb, eqb,
+    gtt, c + 1, and the three carried). Integer sums: the same values either way."""
+    if run:
+        gtb, eqb, gtt = gtb_n, eqb_n, gtt_n
+    else:
+        gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
+    cb = tkc_ptr + (m * nck + c) * 2
+    return gtb, eqb, gtt, c + 1, gtb + tl.load(cb), eqb + tl.load(cb + 1), gtt
+
+
+@triton.jit
 def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, nck,
                   W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0,
                   ONCE: tl.constexpr = False):
@@ -279,7 +292,8 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
     0..n-1 and -1 after. One chunk per tile, placed after the earlier chunks' counts: from tkc,
     or (SHORT > 0, a row of at most SHORT tokens) counted from the row's keys (`_row_counts`:
     the same integers). ONCE: a program's tiles a contiguous run, a row's threshold derived
-    once a run (`tk_span`)."""
+    once a run (`tk_span`) and each next chunk's counts carried from the one before
+    (`_run_counts`)."""
     if INDEXER:
         dig = tl.arange(0, TKC)
         rows, ns = tk_rows(seqlen_ptr, W)
@@ -291,6 +305,12 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
         if ONCE:
             last = tl.full([], -1, tl.int32)
             thr = tl.full([], 0, tl.int64)
+            # the counts before chunk nxt of row last (the tile after this program's previous
+            # one), carried so that a run's next chunk reads one count pair, not the row's
+            nxt = tl.full([], -1, tl.int32)
+            gtb_n = tl.full([], 0, tl.int32)
+            eqb_n = tl.full([], 0, tl.int32)
+            gtt_n = tl.full([], 0, tl.int32)
         for t in range(t0, t1, step):
             m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
@@ -299,14 +319,21 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
                          mask=c0 + dig < TOPK)
             else:
                 if ONCE:
+                    run = (m == last) & (c == nxt)
                     thr, last = tk_prefix_cached(tkh_ptr + m * TKH_ROW, m, last, thr, TOPK, 4)
                 else:
                     thr = tk_prefix(tkh_ptr + m * TKH_ROW, TOPK, 4)
                 if SHORT > 0:
                     if n <= SHORT:
                         gtb, eqb, gtt = _row_counts(scores_ptr, stride_sc, m, n, c0, thr, SHORT)
+                    elif ONCE:
+                        gtb, eqb, gtt, nxt, gtb_n, eqb_n, gtt_n = _run_counts(tkc_ptr, m, nck, n, c, run, gtb_n,
+                                                                              eqb_n, gtt_n)
                     else:
                         gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
+                elif ONCE:
+                    gtb, eqb, gtt, nxt, gtb_n, eqb_n, gtt_n = _run_counts(tkc_ptr, m, nck, n, c, run, gtb_n, eqb_n,
+                                                                          gtt_n)
                 else:
                     gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
                 inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
