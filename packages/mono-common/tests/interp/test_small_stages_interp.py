@@ -82,7 +82,7 @@ def test_radix_topk_in_buffers_wider_than_the_rows_touches_only_the_rows():
 @pytest.mark.parametrize("first_tile,short,once", [(0, 0, False), (32, 0, False), (0, 512, False), (0, 0, True)])
 def test_radix_topk_ties_resolve_in_index_order(first_tile, short, once):
     # short: the write stage counts the row itself (the second chunk's ties come after the
-    # first chunk's 254, past the k slots); once: the threshold derived once a program
+    # first chunk's 254, past the k slots); once: the threshold derived once a run
     k = 8
     scores = torch.zeros(1, 300)
     scores[0, 10] = 5.0

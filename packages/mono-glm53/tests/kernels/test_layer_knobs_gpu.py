@@ -50,7 +50,7 @@ KNOB_SETS = {
     "silu_fold": dict(silu_fold=True),
     # the index scores' page table read two tiles ahead, the next tile's keys requested early
     "index_prefetch": dict(index_prefetch=True),
-    # every row's top-k threshold digits derived once a program, not once a tile
+    # the top-k stages' tiles a contiguous run a program, a row's threshold derived once a run
     "radix_prefix_once": dict(radix_prefix_once=True),
     # the post-attention norm's rows in chunks over the programs, as addnorm's
     "postnorm_spread": dict(postnorm_spread=True),

@@ -107,7 +107,8 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
                SHORT: tl.constexpr = 0, ONCE: tl.constexpr = False):
     # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it;
     # SHORT: the count and write stages' SHORT (`stages.topk`: rows of at most SHORT tokens
-    # counted by the write); ONCE: the rows' threshold digits derived once a program
+    # counted by the write); ONCE: a program's tiles a contiguous run, a row's threshold
+    # derived once a run
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE < 4:

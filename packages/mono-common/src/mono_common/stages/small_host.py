@@ -17,8 +17,9 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
     short > 0 (a power of two): rows of at most that many tokens counted by the write stage
-    (`topk` SHORT); the count stage is not launched when no row is longer. once: every row's
-    threshold digits derived once a program (`topk` ONCE; not with rt)."""
+    (`topk` SHORT); the count stage is not launched when no row is longer. once: a program's
+    tiles a contiguous run, a row's threshold digits derived once a run (`topk` ONCE; not
+    with rt)."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry

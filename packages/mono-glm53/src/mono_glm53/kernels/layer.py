@@ -184,8 +184,8 @@ class Plan:
     # the index scores' page-table entries read two tiles ahead and the next tile's keys
     # requested into the L2 (`index_prefetch`, a knob)
     ISP: bool = False
-    # the top-k stages' threshold digits of every row derived once a program before its tiles,
-    # not once a tile (`radix_prefix_once`, a knob)
+    # the top-k stages' tiles a contiguous run a program, a row's threshold digits derived once
+    # a run, not once a tile (`radix_prefix_once`, a knob)
     TKP: bool = False
     # the post-attention norm's rows each cut into PNC chunks dealt over the programs
     # (`postnorm_spread`, a knob; 0: one program a row)
@@ -341,8 +341,9 @@ KNOBS = {
                  "the slot's SiLU, so hand-off 19 and the SiLU stage go (sm_90): the same bits",
     "index_prefetch": "Plan.ISP, the index scores' loop reading the page table two tiles ahead and requesting "
                       "the next tile's keys and scales into the L2 while a tile computes (sm_90; the same bits)",
-    "radix_prefix_once": "Plan.TKP, the top-k stages (radix passes 1-3, counts, write) deriving every row's "
-                         "threshold digits once a program before its tiles, not once a tile (the same integers)",
+    "radix_prefix_once": "Plan.TKP, the top-k stages (radix passes 1-3, counts, write) running a program's tiles "
+                         "as a contiguous run and deriving a row's threshold digits once a run, not once a tile "
+                         "(the same integers)",
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",

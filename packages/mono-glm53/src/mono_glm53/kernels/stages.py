@@ -1132,7 +1132,7 @@ def _tkhist_at(row, ok, s: tl.constexpr, epoch, nprog, pid, nck, FIRST: tl.const
                PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0, SYC: tl.constexpr = False, TKP: tl.constexpr = False):
     """Stage s of 6..9 when in FIRST..LAST: the hand-off into it, then radix pass s - 6 (TKF:
     pass 0 ran in the index scores, stage 6 is empty and has no hand-off; TKP: the rows'
-    threshold digits derived once a program, `topk_hist` ONCE)."""
+    threshold digits derived once a run of a program's tiles, `topk_hist` ONCE)."""
     if FIRST <= s and LAST >= s and TKF and s == 6:
         if ok:
             ok = _skip(row, s, pid, FUSED and FIRST < s, CLOCK)
@@ -1266,7 +1266,7 @@ def layer_kernel(
     # the index scores' page-table entries two tiles ahead and the next tile's keys requested
     # into the L2 (Plan.ISP, a measurement knob)
     ISP: tl.constexpr = False,
-    # the top-k stages' threshold digits of every row derived once a program, not once a tile
+    # the top-k stages' tiles a contiguous run a program, a row's threshold derived once a run
     # (Plan.TKP, a measurement knob; mono_common.stages.topk ONCE)
     TKP: tl.constexpr = False,
     # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
