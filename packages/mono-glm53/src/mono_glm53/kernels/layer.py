@@ -416,6 +416,16 @@ def _gateup_split(s: GlmLayerShape, bn: int, nprog: int) -> int:
                     rule="balanced")
 
 
+def _row_chunks(knob: str, s: GlmLayerShape, plan: Plan, nprog: int, errors: list[str]) -> int:
+    """`addnorm_chunks` for a knob that spreads a norm's rows (norm_spread, postnorm_spread),
+    the reason in `errors` where the row cannot be cut (0)."""
+    nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
+    if nc == 0:
+        errors.append(f"{knob} needs the hidden size {s.hidden} in at most 4 row tiles of "
+                      f"{plan.HB} and a multiple of its block {s.block}")
+    return nc
+
+
 def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
     """`plan` with GlmLayerKernel's measurement knobs (`KNOBS`; a None value: the plan's);
     every unknown knob and out-of-range value refused at once, each with what is allowed."""
@@ -501,11 +511,7 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("radix_loop spills gfx950's registers: on gfx950 build without it")
         change["TKL"] = True
     if k.get("norm_spread"):
-        nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
-        if nc == 0:
-            errors.append(f"norm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
-                          f"{plan.HB} and a multiple of its block {s.block}")
-        change["ANC"] = nc
+        change["ANC"] = _row_chunks("norm_spread", s, plan, nprog, errors)
     elif "norm_spread" in k:
         change["ANC"] = 0
     if k.get("sync_call"):
@@ -535,17 +541,13 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         else:
             change["TKP"] = True
     if k.get("postnorm_spread"):
-        nc = addnorm_chunks(s, plan.W, nprog, plan.HB)
         if hip:
             errors.append("postnorm_spread is not resource-checked on gfx950: build without it")
         elif plan.R > 1:
             errors.append(f"postnorm_spread is built for one rank alone (the bench's shard): its {plan.R}-rank "
                           "form, which norms the all-reduced rows, has no test yet; build it at world 1")
-        elif nc == 0:
-            errors.append(f"postnorm_spread needs the hidden size {s.hidden} in at most 4 row tiles of "
-                          f"{plan.HB} and a multiple of its block {s.block}")
         else:
-            change["PNC"] = nc
+            change["PNC"] = _row_chunks("postnorm_spread", s, plan, nprog, errors)
     if "prefetch_programs" in k:
         pn = k["prefetch_programs"]
         if hip:
@@ -779,7 +781,8 @@ class GlmLayerKernel:
         # decided once, by capability (not by catching what a launch raises)
         self.cooperative = bool(cooperative) and cooperative_launch_supported(dev)
         self._resident_checked = False
-        isa = isa_options("gfx950" if torch.version.hip else "sm_90", s)
+        isa_name = "gfx950" if torch.version.hip else "sm_90"
+        isa = isa_options(isa_name, s)
         dstg = isa["DSTG"] if down_stages is None else int(down_stages)
         fcvt = isa["FASTCVT"] if fast_cvt is None else bool(fast_cvt)
         if dstg < 0:
@@ -793,8 +796,7 @@ class GlmLayerKernel:
         plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
         plan = dataclasses.replace(plan, DSTG=dstg, FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"],
                                    MF16=isa["MF16"], IF16=isa["IF16"],
-                                   ANC=addnorm_default("gfx950" if torch.version.hip else "sm_90", s, width,
-                                                       self.nprog, plan.HB))
+                                   ANC=addnorm_default(isa_name, s, width, self.nprog, plan.HB))
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}

@@ -660,10 +660,10 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
 def _iscore_keys_ahead(idx_cache_ptr, phys, tv, PG: tl.constexpr, ID: tl.constexpr, ON: tl.constexpr):
     """The L2 lines of a tile's index keys (a line a token) and scales at cache slots `phys`
     (the tile's tokens `tv`; the others point at the cache's first line), requested ahead."""
-    pg = phys // PG
+    page = (phys // PG) * (PG * (ID + 4))
     off = phys % PG
-    row = tl.where(tv, pg * (PG * (ID + 4)) + off * ID, 0)
-    scale = tl.where(tv, pg * (PG * (ID + 4)) + PG * ID + off * 4, 0)
+    row = tl.where(tv, page + off * ID, 0)
+    scale = tl.where(tv, page + PG * ID + off * 4, 0)
     _prefetch_lines(idx_cache_ptr + row, ON)
     _prefetch_lines(idx_cache_ptr + scale, ON)
 
@@ -875,12 +875,9 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
                 W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT, fold_ptr=fold_ptr,
                 inter_ptr=inter_ptr, inters_ptr=inters_ptr, BI=BI, HW=HWQ)
-    if PFN > 0:
-        q = pid - (nprog - PFN)
-        if q >= 0:
-            _prefetch_slots(q, PFN, used, csum, nu, w2_ptr, H * I, E, PF)
-    else:
-        _prefetch_slots(pid, nprog, used, csum, nu, w2_ptr, H * I, E, PF)
+    q, n, on = _pf_programs(pid, nprog, PFN)
+    if on:
+        _prefetch_slots(q, n, used, csum, nu, w2_ptr, H * I, E, PF)
 
 
 @triton.jit
@@ -968,16 +965,28 @@ def _prefetch_at(a, pid, nprog, nbytes, PFN: tl.constexpr = 0):
 
 
 @triton.jit
-def _prefetch_pf(pid, nprog, base, nbytes, ON: tl.constexpr, PFN: tl.constexpr):
-    """`_prefetch` dealt over every program (PFN 0) or over the last PFN programs only
-    (Plan.PFN, a measurement knob: fewer programs keep fewer prefetches queued in the memory
-    system ahead of the other programs' dependent loads)."""
+def _pf_programs(pid, nprog, PFN: tl.constexpr):
+    """(q, n, on): the programs that issue the weights' L2 prefetches, every program (PFN 0) or
+    the last PFN only (Plan.PFN, a measurement knob: fewer programs keep fewer prefetches
+    queued in the memory system ahead of the other programs' dependent loads): program pid's
+    number among them, their count, and whether pid is one of them."""
     if PFN > 0:
         q = pid - (nprog - PFN)
-        if q >= 0:
-            _prefetch(q, PFN, base, nbytes, ON)
+        n = PFN
+        on = q >= 0
     else:
-        _prefetch(pid, nprog, base, nbytes, ON)
+        q = pid
+        n = nprog
+        on = True
+    return q, n, on
+
+
+@triton.jit
+def _prefetch_pf(pid, nprog, base, nbytes, ON: tl.constexpr, PFN: tl.constexpr):
+    """`_prefetch` by the programs of `_pf_programs`."""
+    q, n, on = _pf_programs(pid, nprog, PFN)
+    if on:
+        _prefetch(q, n, base, nbytes, ON)
 
 
 @triton.jit
