@@ -50,14 +50,15 @@ KNOB_SETS = {
     "silu_fold": dict(silu_fold=True),
     # the index scores' page table read two tiles ahead, the next tile's keys requested early
     "index_prefetch": dict(index_prefetch=True),
-    # the top-k stages' tiles a contiguous run a program, a row's threshold derived once a run
-    "radix_prefix_once": dict(radix_prefix_once=True),
+    # the top-k stages' threshold derived once a tile (the default, a TP8 rank on sm_90: once a
+    # run of a program's contiguous tiles)
+    "radix_per_tile": dict(radix_prefix_once=False),
     # the post-attention norm's rows in chunks over the programs, as addnorm's
     "postnorm_spread": dict(postnorm_spread=True),
-    # the weights' L2 prefetches from the last 64 programs only, and none at all: only the
-    # timing may change
+    # the weights' L2 prefetches from the last 64 programs only, and from every program (the
+    # default, a TP8 rank on sm_90: none): only the timing may change
     "prefetch_64": dict(prefetch_programs=64),
-    "no_prefetch": dict(prefetch_programs=0),
+    "prefetch_all": dict(prefetch_programs=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

@@ -95,16 +95,16 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
     assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": True, "IF16": True}
+                                         "MF16": True, "IF16": True, "TKP": True, "PFN": -1}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
     assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": False, "IF16": False}
+                                         "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
     assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                          "MF16": False, "IF16": False}
+                                          "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
     assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False,
-                                          "MF16": False, "IF16": False}
+                                          "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
 
 
 def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
@@ -157,13 +157,19 @@ def test_index_prefetch_needs_the_indexer_and_sm90():
 
 
 def test_radix_prefix_once_takes_the_unrolled_passes_on_sm90():
-    """radix_prefix_once sets Plan.TKP; with radix_loop (the passes' runtime loop) and on
-    gfx950 it is refused, each with its reason."""
-    from mono_glm53.kernels.layer import _with_knobs
+    """radix_prefix_once sets Plan.TKP (a TP8 rank's sm_90 default); False and radix_loop (the
+    passes' runtime loop, per-tile) turn the default off; True with radix_loop and on gfx950 is
+    refused, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
 
     s = REAL.tp_shard(8, 0)
     plan = make_plan(s, 8, True, 264)
     assert not plan.TKP and _with_knobs(plan, s, 264, {"radix_prefix_once": True}).TKP
+    sm = dataclasses.replace(plan, **isa_options("sm_90", s))
+    assert sm.TKP and not _with_knobs(sm, s, 264, {"radix_prefix_once": False}).TKP
+    looped = _with_knobs(sm, s, 264, {"radix_loop": True})
+    assert looped.TKL and not looped.TKP
+    assert _with_knobs(sm, s, 264, {"index_prefetch": True}).TKP
     with pytest.raises(ValueError, match=r"radix_prefix_once takes the unrolled radix passes"):
         _with_knobs(plan, s, 264, {"radix_prefix_once": True, "radix_loop": True})
     with pytest.raises(ValueError, match=r"radix_prefix_once is not resource-checked on gfx950"):
@@ -264,20 +270,22 @@ def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
 
 def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none():
     """prefetch_programs N sets Plan.PFN: the last N programs issue the weights' L2 prefetches
-    (N = the grid: every program, the default's 0), 0 none (-1); a count outside 0..nprog or not
-    an integer is refused with what the knob takes, and gfx950, which has no L2 prefetch,
-    refuses it."""
+    (N = the grid or true: every program, 0), 0 none (-1, a TP8 rank's sm_90 default; a TP4
+    rank's is every program); a count outside 0..nprog or not an integer is refused with what
+    the knob takes, and gfx950, which has no L2 prefetch, refuses it."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
 
     s = REAL.tp_shard(8, 0)
     sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
-    assert sm.PFN == 0
+    tp4 = REAL.tp_shard(4, 0)
+    assert sm.PFN == -1 and dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4)).PFN == 0
     assert _with_knobs(sm, s, 264, {"prefetch_programs": 64}).PFN == 64
     assert _with_knobs(sm, s, 264, {"prefetch_programs": 264}).PFN == 0
+    assert _with_knobs(sm, s, 264, {"prefetch_programs": True}).PFN == 0
     assert _with_knobs(sm, s, 264, {"prefetch_programs": 0}).PFN == -1
-    for bad in (-1, 265, True, "64", 1.5):
-        with pytest.raises(ValueError, match=r"prefetch_programs .* is not 0 \(no weight prefetch\) or a program "
-                                             r"count in 1..264"):
+    for bad in (-1, 265, False, "64", 1.5):
+        with pytest.raises(ValueError, match=r"prefetch_programs .* is not 0 \(no weight prefetch\), a program "
+                                             r"count in 1..264 or true \(every program\)"):
             _with_knobs(sm, s, 264, {"prefetch_programs": bad})
     hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
     with pytest.raises(ValueError, match=r"prefetch_programs deals sm_90's L2 prefetches: gfx950 has none"):

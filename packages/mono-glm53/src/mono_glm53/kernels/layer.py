@@ -185,14 +185,15 @@ class Plan:
     # requested into the L2 (`index_prefetch`, a knob)
     ISP: bool = False
     # the top-k stages' tiles a contiguous run a program, a row's threshold digits derived once
-    # a run, not once a tile (`radix_prefix_once`, a knob)
+    # a run, not once a tile (set per ISA by `isa_options`, off with the knob `radix_prefix_once`)
     TKP: bool = False
     # the post-attention norm's rows each cut into PNC chunks dealt over the programs
     # (`postnorm_spread`, a knob; 0: one program a row)
     PNC: int = 0
-    # the programs that issue the weights' L2 prefetches: every program (0), the last PFN, or
-    # none (-1) (`prefetch_programs`, a knob: fewer prefetches queued ahead of the few
-    # programs whose dependent loads are a 1-row launch's critical path)
+    # the programs that issue this layer's weights' L2 prefetches: every program (0), the last
+    # PFN, or none (-1) (set per ISA by `isa_options`, changed by the knob `prefetch_programs`:
+    # fewer prefetches queued ahead of the few programs whose dependent loads are a 1-row
+    # launch's critical path; next_layer_prefetch's requests come from every program either way)
     PFN: int = 0
 
     def constexprs(self) -> dict[str, object]:
@@ -343,12 +344,14 @@ KNOBS = {
                       "the next tile's keys and scales into the L2 while a tile computes (sm_90; the same bits)",
     "radix_prefix_once": "Plan.TKP, the top-k stages (radix passes 1-3, counts, write) running a program's tiles "
                          "as a contiguous run and deriving a row's threshold digits once a run, not once a tile "
-                         "(the same integers)",
+                         "(the same integers; a TP8 rank's sm_90 default; False: a tile's threshold derived "
+                         "once a tile)",
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
-                         "the last N of the grid (1..nprog), or 0 for no weight prefetch at all (sm_90)",
+                         "the last N of the grid (1..nprog), true for every program, or 0 for no weight prefetch "
+                         "at all (sm_90; a TP8 rank's default is 0, other shapes' every program)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -540,6 +543,10 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("radix_prefix_once takes the unrolled radix passes: build it without radix_loop")
         else:
             change["TKP"] = True
+    elif "radix_prefix_once" in k or change.get("TKL"):
+        # the default's contiguous runs (a TP8 rank on sm_90) are a form of the unrolled passes:
+        # radix_loop builds the per-tile form
+        change["TKP"] = False
     if k.get("postnorm_spread"):
         if hip:
             errors.append("postnorm_spread is not resource-checked on gfx950: build without it")
@@ -552,8 +559,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         pn = k["prefetch_programs"]
         if hip:
             errors.append("prefetch_programs deals sm_90's L2 prefetches: gfx950 has none, build without it")
+        elif pn is True:
+            change["PFN"] = 0
         elif isinstance(pn, bool) or not isinstance(pn, int) or not 0 <= pn <= nprog:
-            errors.append(f"prefetch_programs {pn!r} is not 0 (no weight prefetch) or a program count in 1..{nprog}")
+            errors.append(f"prefetch_programs {pn!r} is not 0 (no weight prefetch), a program count in 1..{nprog} "
+                          "or true (every program)")
         else:
             change["PFN"] = -1 if pn == 0 else (0 if pn == nprog else pn)
     if "code_pad" in k:
@@ -795,7 +805,7 @@ class GlmLayerKernel:
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
         plan = dataclasses.replace(plan, DSTG=dstg, FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"],
-                                   MF16=isa["MF16"], IF16=isa["IF16"],
+                                   MF16=isa["MF16"], IF16=isa["IF16"], TKP=isa["TKP"], PFN=isa["PFN"],
                                    ANC=addnorm_default(isa_name, s, width, self.nprog, plan.HB))
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
@@ -1256,7 +1266,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF, MF16 and IF16 of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF, MF16, IF16, TKP and PFN of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1299,11 +1309,29 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     308.2 -> 305.7 at 8, ctx 4096 (the index scores' stamp 6.7 -> 5.9 and 12.7 -> 11.6 us),
     no change at ctx 65536 (196.5 / 195.9, 519.0 / 520.2). TP8 rank: 0 spills under Triton 3.8
     at 2 and 8 rows; under 3.6 36 bytes at 2 rows as without it, none at 8 (the shard alone
-    under 3.8 spills 20 bytes at 8 rows, under 3.6 as without it)."""
+    under 3.8 spills 20 bytes at 8 rows, under 3.6 as without it).
+
+    TKP (the top-k stages' tiles a contiguous run a program, a row's threshold digits derived
+    once a run; the knob `radix_prefix_once` turns it off) where MF16 is: the same integers
+    (the interpreter's staged layer; the bench's digest at ctx 4096 and 65536). H100, TP8
+    shard, session 27: at ctx 65536 and 8 rows 519.0 -> 467.4 us (tkhist1..tkwrite 16.5-29.9
+    -> 8.6-12.7 us each), at 1 row 192.2 / 193.0 (within the calls' noise). 0 spills under
+    Triton 3.8 (TP8 rank, 2 and 8 rows); +2.9 KB of code.
+
+    PFN -1 (no L2 prefetch of the layer's own weights; the knob `prefetch_programs` sets
+    every program (true) or the last N back) where MF16 is: only the timing changes. H100, TP8
+    shard, session 27, each beside the default in one call: ctx 4096 168.4 -> 165.3 us at 1
+    row and 304.7 -> 295.0 at 8; ctx 65536 (with postnorm_spread) 192.2 -> 186.2 and 519.0 ->
+    508.9 (addnorm's stamp 7.1 -> 2.4 us: the prefetches queued ahead of its dependent loads;
+    the later GEMVs' stamps grow less than that). Other shapes keep every program's (not
+    timed); gfx950 has no such prefetch.
+    """
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True, "IF16": True}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False, "IF16": False}
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True, "IF16": True,
+                "TKP": True, "PFN": -1}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False, "IF16": False,
+            "TKP": False, "PFN": 0}
 
 
 def launch_options(device) -> dict:
