@@ -92,6 +92,48 @@ def test_radix_topk_ties_resolve_in_index_order(first_tile, short, once):
     assert got[0].tolist() == [10, 250, 0, 1, 2, 3, 4, 5]
 
 
+@pytest.mark.parametrize("lens,k,row", [((700, 40, 300, 1), 128, 1024), ((256, 257, 512, 33), 128, 512),
+                                         ((300, 129, 128), 128, 512), ((1024,), 1000, 1024)],
+                         ids=["long-short", "chunk-edges", "at-k", "k-near-row"])
+def test_row_topk_gives_the_radix_stages_integers(lens, k, row):
+    """One program a row (`topk_rows_one`, 2 programs over the rows from the last down): the
+    radix stages' entries exactly, over scores of both signs with repeated values (ties
+    across chunk edges, -0.0 below 0.0 in key order, as the radix passes order them) and
+    rows at, under and over k."""
+    g = torch.Generator().manual_seed(sum(lens) + k)
+    L = max(lens)
+    scores = torch.randint(-40, 40, (len(lens), L), generator=g).float() / 8  # many ties
+    scores[:, ::7] = -0.0
+    seqlen = torch.tensor(lens, dtype=torch.int32)
+    want = H.run_topk(scores, seqlen, k, nprog=3)
+    got = H.run_topk(scores, seqlen, k, nprog=2, row=row)
+    assert torch.equal(got, want)
+    for m, n in enumerate(lens):
+        if n > k:
+            kth = torch.topk(scores[m, :n], k).values.min()
+            assert (scores[m, got[m].long()] >= kth).all() and len(set(got[m].tolist())) == k, m
+        else:
+            assert got[m].tolist() == list(range(n)) + [-1] * (k - n), m
+
+
+def test_row_topk_threshold_is_the_kth_key_over_the_whole_key_range():
+    """The two-bits-a-step threshold search reaches every bit of the key: scores spanning
+    the float range (subnormals, huge, negative, inf) and a k-th key that differs from its
+    neighbours only in the lowest mantissa bit; a row longer than `row` takes the radix
+    stages instead (the host's fallback)."""
+    k = 5
+    base = torch.tensor([1.0, 1.0000001, -3e38, 3e38, 1e-45, -1e-45, float("inf"), -float("inf"), 0.5, 2.0,
+                         1.0000002, 7.0])
+    scores = base[None].repeat(2, 1)
+    seqlen = torch.tensor([12, 12], dtype=torch.int32)
+    got = H.run_topk(scores, seqlen, k, nprog=1, row=16)
+    # above the 5th largest (1.0000002): inf, 3e38, 7.0, 2.0 in index order, then the tie
+    assert got[0].tolist() == [3, 6, 9, 11, 10] and torch.equal(got[0], got[1])
+    long = torch.randn(1, 40, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2, row=32),
+                       H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2))
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 def test_biased_routing_matches_the_reference(rows):
     E, top_k = 64, 8

@@ -1,7 +1,7 @@
 """The library's small stages on a GPU at GLM-5.3's shapes (one TP8 rank where a stage is
 sharded), against their references computed on the CPU (a CUDA-side reference once disagreed
 with the CPU's; the CPU's is the one checked against SGLang): the radix top-k of 2048 over
-4096 / 65536 / 200000 keys (staged, and linked in one launch), sparse MLA over 2048 selected
+4096 / 65536 / 200000 keys (staged, linked in one launch, and one program a row at 4096), sparse MLA over 2048 selected
 tokens (8 heads of a TP8 rank, and the 64 of TP1), biased routing, RMSNorm, RoPE and the
 Hadamard rotation. Correctness only: timing is `mono bench stages`. Each check takes the device
 and the sizes, so the same code runs under the interpreter at tiny sizes."""
@@ -50,7 +50,10 @@ def check_topk(dev, n, rows, k, nprog, ties, seed=0):
     seqlen = torch.tensor(_seqlens(rows, n, k), dtype=torch.int32)
     want = topk_index_order(scores, seqlen, k)
     sd, ld = scores.to(dev), seqlen.to(dev)
-    for form, got in (("staged", H.run_topk(sd, ld, k, nprog)), ("linked", LH.run_topk_linked(sd, ld, k, nprog))):
+    forms = [("staged", H.run_topk(sd, ld, k, nprog)), ("linked", LH.run_topk_linked(sd, ld, k, nprog))]
+    if n <= 4096:  # one program a row (`topk_rows_one`) where the rows fit its 4096 keys
+        forms.append(("row", H.run_topk(sd, ld, k, nprog, row=4096)))
+    for form, got in forms:
         got = got.cpu().long()
         for m, nm in enumerate(seqlen.tolist()):
             row = got[m]

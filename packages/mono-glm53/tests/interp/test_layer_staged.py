@@ -262,6 +262,35 @@ def test_radix_prefix_once_derives_each_rows_threshold_once_and_gives_the_defaul
     assert (ta[:3] >= 0).sum() == 16 + 16 + 9
 
 
+@pytest.mark.parametrize("tkr,row_path", [(1024, True), (512, False)], ids=["rows-fit", "a-row-too-long"])
+def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, row_path):
+    """topk_row (Plan.TKR): a step whose rows all have at most TKR tokens takes its whole top-k
+    in stage 7, one program a row, stages 8-11 only signalling; a step with a longer row takes
+    the radix stages. Rows of 600, 530 and 9 tokens (top 16) on 4 programs: with TKR 1024 the
+    row path (radix passes 1-3 leave their histograms empty), with 512 the radix stages (the
+    600-token row is longer); the top-k and the layer are the default's either way."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 600, True, seed=31, ctxs=[600, 530, 9])
+    got = []
+    for knob in (None, tkr):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_row=knob)
+        assert k.plan.TKF and k.plan.TKR == (knob or 0)
+        got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.topk.clone()))
+    ((a, ca), ha, ta), ((b, cb), hb, tb) = got
+    assert torch.equal(ta, tb) and (ta[:3] >= 0).sum() == 16 + 16 + 9
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    # pass 0's histogram comes from the index scores either way; passes 1-3 ran only without
+    # the row path
+    assert torch.equal(hb[:3, :256], ha[:3, :256])
+    assert (hb[:2, 256:].sum() == 0) == row_path and ha[:2, 256:].sum() > 0
+
+
 def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
     """oproj_fixup (Plan.FIX9): each o_proj column tile's last span sums the tile's partial
     slots into slot 0 and postnorm reads that slot alone; the outputs and caches are the

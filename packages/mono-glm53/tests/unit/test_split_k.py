@@ -176,6 +176,30 @@ def test_radix_prefix_once_takes_the_unrolled_passes_on_sm90():
         _with_knobs(plan, s, 264, {"radix_prefix_once": True}, hip=True)
 
 
+def test_topk_row_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_sm90():
+    """topk_row sets Plan.TKR (true: 4096); a value not a power of two in 256..4096, a build
+    without the first radix pass in the index scores or with radix_loop, a layer without the
+    indexer and gfx950 are refused, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert sm.TKR == 0 and _with_knobs(sm, s, 264, {"topk_row": True}).TKR == 4096
+    assert _with_knobs(sm, s, 264, {"topk_row": 512}).TKR == 512
+    for bad in (128, 3000, 8192, "4096"):
+        with pytest.raises(ValueError, match=r"topk_row .* is not true or a power of two in 256..4096"):
+            _with_knobs(sm, s, 264, {"topk_row": bad})
+    for extra in ({"hist_in_scores": False}, {"radix_loop": True}):
+        with pytest.raises(ValueError, match=r"topk_row takes the first radix pass in the index scores"):
+            _with_knobs(sm, s, 264, {"topk_row": True, **extra})
+    nidx = dataclasses.replace(make_plan(s, 2, False, 264), **isa_options("sm_90", s))
+    with pytest.raises(ValueError, match=r"topk_row needs the indexer"):
+        _with_knobs(nidx, s, 264, {"topk_row": True})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"topk_row spills gfx950's registers"):
+        _with_knobs(hip, s, 264, {"topk_row": True}, hip=True)
+
+
 def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
     """postnorm_spread sets Plan.PNC to `addnorm_chunks`'s count (24 at 8 rows of a TP8 rank on
     264 programs); a rank of a world (its all-reduced rows have no test in that form yet), a

@@ -9,7 +9,8 @@ instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm
 
   gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32 (FIX: the spans'
                  column tiles summed into slot 0 by their last span, `gemv.span_fixup`)
-  topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write)
+  topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write; 6
+                 one program a row of at most SHORT tokens, `topk_rows_one`)
   topk_first_entry  the first radix pass as a producer of the scores runs it (TB scores a tile)
   routing_entry  `stages.routing.biased_topk` of logits [W, E] -> weights [W, E], used [E]
                  (LIVE: only the rows whose live [W] int32 is nonzero route)
@@ -34,7 +35,16 @@ from mono_common.stages.numerics import CVT_F16
 from mono_common.stages.prefetch import prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
-from mono_common.stages.topk import tk_locate, tk_rows, tk_tiles, topk_count, topk_hist, topk_hist_first, topk_write
+from mono_common.stages.topk import (
+    tk_locate,
+    tk_rows,
+    tk_tiles,
+    topk_count,
+    topk_hist,
+    topk_hist_first,
+    topk_rows_one,
+    topk_write,
+)
 
 
 @triton.jit
@@ -108,10 +118,12 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
     # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it;
     # SHORT: the count and write stages' SHORT (`stages.topk`: rows of at most SHORT tokens
     # counted by the write); ONCE: a program's tiles a contiguous run, a row's threshold
-    # derived once a run
+    # derived once a run; STAGE 6: the whole top-k, one program a row of at most SHORT tokens
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    if STAGE < 4:
+    if STAGE == 6:
+        topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, SHORT)
+    elif STAGE < 4:
         topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True,
                   pass_rt if RT else STAGE, RT, ONCE)
     elif STAGE == 4:

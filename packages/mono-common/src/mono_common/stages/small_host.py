@@ -12,14 +12,15 @@ from __future__ import annotations
 
 
 def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
-             once: bool = False):
+             once: bool = False, row: int = 0):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
     short > 0 (a power of two): rows of at most that many tokens counted by the write stage
     (`topk` SHORT); the count stage is not launched when no row is longer. once: a program's
     tiles a contiguous run, a row's threshold digits derived once a run (`topk` ONCE; not
-    with rt)."""
+    with rt). row > 0 (a power of two): where no row has more than that many tokens, one
+    launch of one program a row (`topk.topk_rows_one`) instead of the six stages."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -30,6 +31,10 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     tkh = torch.zeros(W, TKH_ROW.value, dtype=torch.int32, device=scores.device)
     tkc = torch.zeros(W, nck, 2, dtype=torch.int32, device=scores.device)
     topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
+    if row and int(seqlen.max()) <= row:
+        topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, 6, W=W, TOPK=k, STAGE=6,
+                             SHORT=row)
+        return topk
     if first_tile:
         topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)
     for stage in range(1 if first_tile else 0, 6):

@@ -14,6 +14,10 @@ histograms itself (`tk_prefix`), so no stage publishes it. SHORT > 0 (a power of
 write counts a row of at most SHORT tokens itself, reading the row's keys in one go
 (`_row_counts`), and the count stage counts only longer rows; where no row is longer
 (`topk_rows_short`), a caller can leave the count stage and its hand-off out.
+ROW (`topk_rows_one`): a step whose rows all have at most SHORT tokens can instead give each
+row to one program, which reads the row's keys once, finds the threshold by a two-bits-a-step
+search over the key's 32 bits (16 block-wide reductions) and writes the row (one scan): one
+stage instead of six and their hand-offs, the same integers.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """
 
@@ -345,3 +349,68 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
                 si = ((key == thr) & inb).to(tl.int32)
                 slot = gtt + eqb + tl.cumsum(si, 0) - si
                 tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
+
+
+@triton.jit
+def _count_ge3(k, inb, t1, t2, t3):
+    """How many valid keys k (okey32, any shape flattened by the sum) are >= t1, t2, t3: three
+    counts below 2^21 packed in one int64 so that one reduction gives all three."""
+    v = ((k >= t1) & inb).to(tl.int64) + (((k >= t2) & inb).to(tl.int64) << 21) + \
+        (((k >= t3) & inb).to(tl.int64) << 42)
+    s = tl.sum(v, 0)
+    return s & 0x1FFFFF, (s >> 21) & 0x1FFFFF, s >> 42
+
+
+@triton.jit
+def tk_row_threshold(k, inb, TOPK: tl.constexpr):
+    """The TOPK-th largest of the valid keys k [SHORT] (okey32; more than TOPK valid, SHORT <
+    2^21): the largest t with at least TOPK keys >= t, built from the top two bits a step in
+    the unsigned order (okey = okey32 + 2^31), the radix passes' threshold. The same value as
+    `tk_prefix`'s four digits: both are that key."""
+    t = tl.full([], 0, tl.int64)
+    for st in tl.static_range(16):
+        c1 = t | (1 << (30 - 2 * st))
+        c2 = t | (2 << (30 - 2 * st))
+        c3 = t | (3 << (30 - 2 * st))
+        n1, n2, n3 = _count_ge3(k, inb, (c1 - 2147483648).to(tl.int32), (c2 - 2147483648).to(tl.int32),
+                                (c3 - 2147483648).to(tl.int32))
+        t = tl.where(n3 >= TOPK, c3, tl.where(n2 >= TOPK, c2, tl.where(n1 >= TOPK, c1, t)))
+    return (t - 2147483648).to(tl.int32)
+
+
+@triton.jit
+def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: tl.constexpr):
+    """Row m's top-TOPK (n <= SHORT tokens) by one program, as `topk_write` places it: the keys
+    above the threshold in index order, then its ties in index order until TOPK; a row of n <=
+    TOPK tokens takes 0..n-1 and -1 after. The slots come from one exclusive scan of the
+    above / tie flags packed in one int32 (each count < 2^16: SHORT <= 32768)."""
+    tl.static_assert(SHORT <= 32768, "topk_row packs two counts of at most SHORT in 16 bits each")
+    if n <= TOPK:
+        for c0 in range(0, TOPK, TKC):
+            j = c0 + tl.arange(0, TKC)
+            tl.store(topk_ptr + m * TOPK + j, tl.where(j < n, j, -1), mask=j < TOPK)
+    else:
+        i = tl.arange(0, SHORT)
+        inb = i < n
+        k = okey32(tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0))
+        thr = tk_row_threshold(k, inb, TOPK)
+        gt = ((k > thr) & inb).to(tl.int32)
+        eq = ((k == thr) & inb).to(tl.int32)
+        v = gt + (eq << 16)
+        cs = tl.cumsum(v, 0) - v
+        ngt = tl.sum(gt, 0)
+        gs = cs & 0xFFFF
+        es = ngt + (cs >> 16)
+        # fewer than TOPK keys exceed thr; the masks keep a wrong thr inside the row
+        tl.store(topk_ptr + m * TOPK + gs, i, mask=(gt != 0) & (gs < TOPK))
+        tl.store(topk_ptr + m * TOPK + es, i, mask=(eq != 0) & (es < TOPK))
+
+
+@triton.jit
+def topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W: tl.constexpr, TOPK: tl.constexpr,
+                  SHORT: tl.constexpr):
+    """Every row's top-TOPK, one program a row (`topk_row`), rows dealt from the last program
+    down (the first programs run other stages' first tiles). Every row must have at most
+    SHORT tokens (`topk_rows_short` decides it alike in every program)."""
+    for m in range(nprog - 1 - pid, W, nprog):
+        topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT)

@@ -195,6 +195,10 @@ class Plan:
     # fewer prefetches queued ahead of the few programs whose dependent loads are a 1-row
     # launch's critical path; next_layer_prefetch's requests come from every program either way)
     PFN: int = 0
+    # a step whose rows all have at most TKR tokens: the whole top-k in stage 7, one program a
+    # row (mono_common.stages.topk.topk_rows_one), hand-offs 8-11 only signalled (`topk_row`, a
+    # knob; 0: the radix stages every step)
+    TKR: int = 0
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -352,6 +356,10 @@ KNOBS = {
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
                          "the last N of the grid (1..nprog), true for every program, or 0 for no weight prefetch "
                          "at all (sm_90; a TP8 rank's default is 0, other shapes' every program)",
+    "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
+                "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
+                "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
+                "entries",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -429,6 +437,16 @@ def _row_chunks(knob: str, s: GlmLayerShape, plan: Plan, nprog: int, errors: lis
     return nc
 
 
+def _row_tokens(knob: str, v, lo: int, hi: int, errors: list[str]) -> int:
+    """A knob's row length in tokens (true: 4096), or 0 with the reason in `errors` where it is
+    not a power of two in lo..hi."""
+    v = 4096 if v is True else v
+    if not isinstance(v, int) or v & (v - 1) or not lo <= v <= hi:
+        errors.append(f"{knob} {v} is not true or a power of two in {lo}..{hi}")
+        return 0
+    return v
+
+
 def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
     """`plan` with GlmLayerKernel's measurement knobs (`KNOBS`; a None value: the plan's);
     every unknown knob and out-of-range value refused at once, each with what is allowed."""
@@ -500,13 +518,10 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         else:
             change["SFO"] = True
     if k.get("count_in_write"):
-        v = k["count_in_write"]
-        v = 4096 if v is True else v
+        v = _row_tokens("count_in_write", k["count_in_write"], 16, 8192, errors)
         if hip:
             errors.append("count_in_write is not resource-checked on gfx950: build without it")
-        elif not isinstance(v, int) or v & (v - 1) or not 16 <= v <= 8192:
-            errors.append(f"count_in_write {v} is not true or a power of two in 16..8192")
-        else:
+        elif v:
             change["TKW"] = v
     # gfx950 (Triton 3.8, TP8 rank, width 2): the loop spilled 38 registers
     if k.get("radix_loop"):
@@ -566,6 +581,17 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "or true (every program)")
         else:
             change["PFN"] = -1 if pn == 0 else (0 if pn == nprog else pn)
+    if k.get("topk_row"):
+        v = _row_tokens("topk_row", k["topk_row"], 256, 4096, errors)
+        if hip:
+            errors.append("topk_row spills gfx950's registers at 4096 keys (27 VGPRs): build without it")
+        elif not plan.INDEXER:
+            errors.append("topk_row needs the indexer (a layer without one has no top-k)")
+        elif not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
+            errors.append("topk_row takes the first radix pass in the index scores and the unrolled passes: "
+                          "build it without hist_in_scores false and without radix_loop")
+        elif v:
+            change["TKR"] = v
     if "code_pad" in k:
         from mono_glm53.kernels.stages import STAGE_NAMES
 

@@ -26,6 +26,8 @@ Stage list (index: what it does; who reads its output):
                prefix, every 256-key chunk of every row a tile (atomic integer sums)
   10 TKCOUNT   per chunk: keys above the threshold and keys equal to it
   11 TKWRITE   per chunk: its keys' slots after the earlier chunks' counts -> topk
+               (Plan.TKR, a knob: a step whose rows are all short takes its whole top-k in
+               stage 7, one program a row; hand-offs 8-11 only signal)
   12 MLA       sparse MLA over the selected tokens, split over token chunks: each chunk's
                unnormalised output and (max, sum) per (row, head)
   13 MLACOMB   the chunks combined in chunk order, per (row, head, 64-column block) -> attn
@@ -114,6 +116,7 @@ from mono_common.stages.topk import tk_tiles as _tk_tiles
 from mono_common.stages.topk import topk_count as stage_tkcount
 from mono_common.stages.topk import topk_hist as stage_tkhist
 from mono_common.stages.topk import topk_hist_first as _topk_hist_first
+from mono_common.stages.topk import topk_rows_one as _topk_rows_one
 from mono_common.stages.topk import topk_rows_short as _tk_rows_short
 from mono_common.stages.topk import topk_write as stage_tkwrite
 from mono_glm53.kernels import ptable as P
@@ -1205,6 +1208,71 @@ def _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
 # and the fault stage too, so no value Triton would specialise on (rank 1, delay 0) varies
 # between ranks or launches, and none holds a scalar register for the whole launch.
 @triton.jit
+def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
+                 R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
+                 INDEXER: tl.constexpr, TKF: tl.constexpr, TKL: tl.constexpr, TKW: tl.constexpr, TKP: tl.constexpr,
+                 PADS: tl.constexpr, PADKB: tl.constexpr, SYC: tl.constexpr):
+    """Stages 6-11 in FIRST..LAST: the exact top-k's four radix passes, the chunk counts and the
+    write (TKC keys a tile)."""
+    i32 = tl.int32
+    f32 = tl.float32
+    if TKL:
+        ok = _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER, TKF,
+                          SYC)
+    else:
+        for s in tl.static_range(6, 10):
+            ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK,
+                            INDEXER, TKF, PADS, PADKB, SYC, TKP)
+    if FIRST <= 10 and LAST >= 10:
+        # TKW: the write counts rows of at most TKW tokens itself; a step with no longer row
+        # has nothing to count, and its hand-off only signals (every program decides alike)
+        if TKW > 0 and INDEXER:
+            if ok:
+                if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
+                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
+                else:
+                    ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
+                                     PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW, TKP)
+        else:
+            ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
+                             PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, 0, TKP)
+    if FIRST <= 11 and LAST >= 11:
+        if ok:
+            ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
+                       CLOCK, FAULT, PADKB if PADS == 11 else 0, SYC)
+        if ok:
+            stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
+                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER,
+                          TKW, TKP)
+    return ok
+
+
+@triton.jit
+def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
+                  R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
+                  TKR: tl.constexpr, SYC: tl.constexpr):
+    """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
+    stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
+    here), stage 7 waits for the scores and gives each row's whole top-k to one program
+    (`topk_rows_one`), hand-offs 8-11 only signal (`_signal_only`): hand-off 12 orders the
+    rows' writes before the MLA as hand-off 8 would have."""
+    if FIRST <= 6 and LAST >= 6:
+        if ok:
+            ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
+    if FIRST <= 7 and LAST >= 7:
+        if ok:
+            ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
+        if ok:
+            _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR)
+    for s in tl.static_range(8, 12):
+        if FIRST <= s and LAST >= s:
+            if ok:
+                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
+    return ok
+
+
+@triton.jit
 def layer_kernel(
     # every tensor of the launch, one row of `ptable.SLOTS` (R rows when SIM)
     ptab,
@@ -1284,6 +1352,9 @@ def layer_kernel(
     # the weight prefetches dealt over the last PFN programs only (Plan.PFN, a measurement knob;
     # 0: every program; -1: none)
     PFN: tl.constexpr = 0,
+    # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
+    # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
+    TKR: tl.constexpr = 0,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1395,34 +1466,16 @@ def layer_kernel(
                          W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
-    if TKL:
-        ok = _tkhist_loop(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER, TKF,
-                          SYC)
-    else:
-        for s in tl.static_range(6, 10):
-            ok = _tkhist_at(row, ok, s, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK,
-                            INDEXER, TKF, PADS, PADKB, SYC, TKP)
-    if FIRST <= 10 and LAST >= 10:
-        # TKW: the write counts rows of at most TKW tokens itself; a step with no longer row
-        # has nothing to count, and its hand-off only signals (every program decides alike)
-        if TKW > 0 and INDEXER:
-            if ok:
-                if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
-                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
-                else:
-                    ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
-                                     PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW, TKP)
+    if TKR > 0 and INDEXER:
+        # every program reads the same lengths, so every program takes the same path
+        if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
         else:
-            ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
-                             PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, 0, TKP)
-    if FIRST <= 11 and LAST >= 11:
-        if ok:
-            ok = _sync(row, 11, epoch, nprog, pid, FUSED and FIRST < 11, R,
-                       CLOCK, FAULT, PADKB if PADS == 11 else 0, SYC)
-        if ok:
-            stage_tkwrite(pid, nprog, _p(row, P.SCORES, f32), _si(row, P.STRIDE_SC), _p(row, P.SEQLEN, i32),
-                          _p(row, P.TKH, i32), _p(row, P.TKC, i32), _p(row, P.TOPK, i32), nck, W, TOPK, INDEXER,
-                          TKW, TKP)
+            ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
+                              TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
+    else:
+        ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
+                          TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
