@@ -830,8 +830,7 @@ class GlmLayerKernel:
                              "spills 18 scalar registers (TP8 rank, width 2); build without it")
         xqp = isa["XQP"] if xq_producer is None else bool(xq_producer)
         plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
-        plan = dataclasses.replace(plan, DSTG=dstg, FASTCVT=fcvt, XQP=xqp, HWQ=isa["HWQ"], TKF=isa["TKF"],
-                                   MF16=isa["MF16"], IF16=isa["IF16"], TKP=isa["TKP"], PFN=isa["PFN"],
+        plan = dataclasses.replace(plan, **{**isa, "DSTG": dstg, "FASTCVT": fcvt, "XQP": xqp},
                                    ANC=addnorm_default(isa_name, s, width, self.nprog, plan.HB))
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS

@@ -970,7 +970,7 @@ def _prefetch_at(a, pid, nprog, nbytes, PFN: tl.constexpr = 0):
 @triton.jit
 def _pf_programs(pid, nprog, PFN: tl.constexpr):
     """(q, n, on): the programs that issue the weights' L2 prefetches, every program (PFN 0) or
-    the last PFN only (Plan.PFN, a measurement knob: fewer programs keep fewer prefetches
+    the last PFN only (Plan.PFN, the knob `prefetch_programs`: fewer programs keep fewer prefetches
     queued in the memory system ahead of the other programs' dependent loads): program pid's
     number among them, their count, and whether pid is one of them."""
     if PFN > 0:
@@ -1344,13 +1344,14 @@ def layer_kernel(
     # into the L2 (Plan.ISP, a measurement knob)
     ISP: tl.constexpr = False,
     # the top-k stages' tiles a contiguous run a program, a row's threshold derived once a run
-    # (Plan.TKP, a measurement knob; mono_common.stages.topk ONCE)
+    # (Plan.TKP: a TP8 rank's sm_90 default, the knob `radix_prefix_once`; mono_common.stages.topk
+    # ONCE)
     TKP: tl.constexpr = False,
     # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
     # measurement knob; 0: one program a row)
     PNC: tl.constexpr = 0,
-    # the weight prefetches dealt over the last PFN programs only (Plan.PFN, a measurement knob;
-    # 0: every program; -1: none)
+    # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
+    # the last N, -1 none, a TP8 rank's sm_90 default; the knob `prefetch_programs`)
     PFN: tl.constexpr = 0,
     # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
     # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
@@ -1474,6 +1475,8 @@ def layer_kernel(
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     else:
+        # a build without TKR compiles no row path: the condition above is a runtime value, and
+        # Triton compiles both sides of a runtime branch
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                           TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     if FIRST <= 12 and LAST >= 12:
