@@ -21,8 +21,8 @@ import time
 # process for all worlds: each holds the whole layer's weights and their shards (~40 GB), and
 # one process per world ran the H200 out of memory (session 7), with the TP1 processes (~20 GB)
 VARIANTS = [("tp8", 2, True, True), ("tp8", 4, True, False), ("tp8", 8, True, True),
-            ("tp8", 2, False, True), ("tp1", 2, True, True), ("tp1", 4, True, False),
-            ("tp1", 8, True, False), ("sim", (2, 4, 8))]
+            ("tp8", 2, False, True), ("tp8i", 2, True, True), ("tp8i", 8, True, False),
+            ("tp1", 2, True, True), ("tp1", 4, True, False), ("tp1", 8, True, False), ("sim", (2, 4, 8))]
 
 
 def _one(v):
@@ -42,7 +42,7 @@ def _heavy(v) -> bool:
 def _launch(v):
     import torch
 
-    from mono_glm53.config import REAL
+    from mono_glm53.config import REAL, named_shape
     from mono_glm53.weights import make_weights
 
     t0 = time.time()
@@ -58,7 +58,7 @@ def _launch(v):
         from mono_glm53.kernels.layer import GlmLayerKernel
 
         sname, width, indexer, staged = v[:4]
-        s = REAL.tp_shard(8, 0) if sname == "tp8" else REAL
+        s = named_shape(sname)
         c = build_case(s, width, 1000, indexer, "cuda", seed=1)
         k = GlmLayerKernel(s, c.w, width, max_seq_len=1000, indexer=indexer, **knobs)
         for mode in ("fused", "staged") if staged else ("fused",):

@@ -57,7 +57,7 @@ import torch
 
 from mono_common.ref import fp8 as fp8_mod
 
-from .config import REAL, GlmLayerShape, tiny
+from .config import SHAPE_NAMES, GlmLayerShape, named_shape
 from .reference import DecodeInputs, LayerCaches, decoder_layer
 from .weights import make_caches, make_weights, weight_bytes
 
@@ -219,10 +219,8 @@ def _time_path(steps: list, device: str, warmup: int, replays: int) -> dict[str,
 
 
 def _shapes(names: list[str], use_tiny: bool) -> dict[str, GlmLayerShape]:
-    base = tiny() if use_tiny else REAL
-    # tiny has 4 heads: its widest shard is TP4, benchmarked under the "tp8" name.
-    table = {"tp1": base.tp_shard(1, 0), "tp8": base.tp_shard(4 if use_tiny else 8, 0)}
-    return {n: table[n] for n in names}
+    # tiny has 4 heads: its widest shard is TP4, benchmarked under the "tp8" names
+    return {n: named_shape(n, use_tiny) for n in names}
 
 
 def _plot(rows: list[dict], path: str) -> None:
@@ -345,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke test)")
     ap.add_argument("--widths", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--contexts", default=None, help="default 4096,65536 (tiny: 64,256)")
-    ap.add_argument("--shapes", default="tp1,tp8")
+    ap.add_argument("--shapes", default="tp1,tp8",
+                    help=f"comma list of {', '.join(SHAPE_NAMES)} (an 'i': the GLM-5.x checkpoints' interleaved "
+                         "indexer rope, SGLang's fused indexer path; without: the HF default's, with the Hadamard)")
     ap.add_argument("--paths", default=None, help="comma list of PATHS names (default all)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
@@ -368,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
                          "name beside 'mono' in this run: '{\"tk6\": {\"hist_in_scores\": false}}' "
                          "(mono_glm53.kernels.layer.KNOBS and MEASUREMENT_KWARGS)")
     a = ap.parse_args(argv)
+    bad = [n for n in a.shapes.split(",") if n not in SHAPE_NAMES]
+    if bad:
+        ap.error(f"--shapes {','.join(bad)}: not a shape; the shapes are {', '.join(SHAPE_NAMES)}")
     knob_sets = _knob_sets(ap, a.knobs) if a.knobs else {}
     if a.layers < 1:
         ap.error(f"--layers {a.layers}: a rotation needs at least one layer")

@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GlmLayerShape", "REAL", "tiny"]
+__all__ = ["GlmLayerShape", "REAL", "REAL_INTERLEAVED", "SHAPE_NAMES", "named_shape", "tiny"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -257,3 +257,22 @@ def tiny(tp_size: int = 1, tp_rank: int = 0, **overrides: Any) -> GlmLayerShape:
     )
     params.update(overrides)
     return GlmLayerShape(**params)
+
+
+#: The shapes the bench, the GPU tests and the cache warmer name: the whole layer ("tp1") or one
+#: TP8 rank's shard ("tp8"), with the HF config's default indexer (neox rope: SGLang's unfused
+#: indexer path, with the Hadamard rotation) or, with an "i", the GLM-5.x checkpoints' (their
+#: `indexer_rope_interleave=True`: the fused indexer path, what a served checkpoint launches).
+SHAPE_NAMES = ("tp1", "tp8", "tp1i", "tp8i")
+
+
+def named_shape(name: str, use_tiny: bool = False) -> GlmLayerShape:
+    """The shape `name` (`SHAPE_NAMES`) at REAL's dims, or tiny's (`use_tiny`: its widest shard
+    is TP4, under the tp8 names); an unknown name raises ValueError listing the known ones."""
+    if name not in SHAPE_NAMES:
+        raise ValueError(f"shape {name!r} is not one of {', '.join(SHAPE_NAMES)}")
+    base = tiny() if use_tiny else REAL
+    if name.endswith("i"):
+        base = dataclasses.replace(base, indexer_rope_interleave=True)
+    tp = 1 if name.startswith("tp1") else (4 if use_tiny else 8)
+    return base.tp_shard(tp, 0)

@@ -2,9 +2,13 @@
 
 Variants (fused launch, grid = `layer.PROGRAMS_PER_SM` programs per SM (2 x 132, H200) or CU
 (1 x 256, MI355X)): the ones the product launches, per ISA the served TP sizes and widths of
-`spec.WIDTHS_BY_TP` (a TP8 or TP4 rank, world 8 or 4, with the indexer, as `build` makes them).
-The single-rank variants the bench and the GPU tests run (the whole layer, one TP8 shard alone,
-no indexer) are compiled on the H200 by those runs and not here: CI time goes to what is served.
+`spec.WIDTHS_BY_TP` (a TP8 or TP4 rank, world 8 or 4, with the indexer, as `build` makes them)
+with the GLM-5.x checkpoints' interleaved indexer rope (SGLang's fused indexer path, what a
+served checkpoint launches), and per ISA the widest TP8 rank with the HF config's default
+indexer (neox rope: the unfused path with the Hadamard rotation, the bench's and the GPU tests'
+default shape), which SGLang accepts too. The single-rank variants the bench and the GPU tests
+run (the whole layer, one TP8 shard alone, no indexer) are compiled on the H200 by those runs
+and not here: CI time goes to what is served.
 Each is compiled as a launch compiles it (`layer.launch_options`, `layer._codegen_scope`):
 pointers 16-byte aligned (the kernel's one pointer argument, the table; the pointers read from
 it carry the same hint), the launch's num_stages, no AMD buffer ops, and maxnreg 255 on sm_90.
@@ -23,25 +27,30 @@ from mono_glm53.kernels.layer import PROGRAMS_PER_SM
 from mono_glm53.spec import RESIDENT_BLOCKS
 
 # (shape name, tp_size of the shape, world of the launch)
-SHAPES = {"tp4": (4, 4), "tp8": (8, 8)}
+SHAPES = {"tp4": (4, 4), "tp8": (8, 8), "tp8h": (8, 8)}
 ISAS = ("sm_90", "gfx950")
 PER_SM = {"sm_90": PROGRAMS_PER_SM["cuda"], "gfx950": PROGRAMS_PER_SM["hip"]}
 GRID = {isa: RESIDENT_BLOCKS[isa] * PER_SM[isa] for isa in PER_SM}
 LIMIT = {"sm_90": 227 * 1024, "gfx950": 160 * 1024}
 
 def _served():
+    """(isa, shape name, width, indexer): "tpN" the checkpoints' interleaved indexer rope, "tpNh"
+    the HF default's (the Hadamard path) at the widest TP8 width only."""
     from mono_glm53.spec import WIDTHS_BY_TP
 
-    return [(isa, f"tp{tp}", w, True) for isa in ISAS for tp, ws in sorted(WIDTHS_BY_TP[isa].items()) for w in ws]
+    served = [(isa, f"tp{tp}", w, True) for isa in ISAS for tp, ws in sorted(WIDTHS_BY_TP[isa].items()) for w in ws]
+    return served + [(isa, "tp8h", max(WIDTHS_BY_TP[isa][8]), True) for isa in ISAS]
 
 
 VARIANTS = _served()
 
+
 def _shape(name):
-    from mono_glm53.config import REAL
+    from mono_glm53.config import REAL, REAL_INTERLEAVED
 
     tp, _ = SHAPES[name]
-    return REAL.tp_shard(tp, 0) if tp > 1 else REAL
+    base = REAL if name.endswith("h") else REAL_INTERLEAVED
+    return base.tp_shard(tp, 0) if tp > 1 else base
 
 
 _RES = {}

@@ -3,7 +3,8 @@
 Fused == reference within NUMERICS at the TP8-rank shard and the whole TP1 layer, widths
 2/4/8 (full and with a pad row), contexts 1000 / 4096 / 65536, and steps whose rows have very
 different contexts (1, a few tokens, just below / at / above the top-k, beyond 65536); fused
-== staged bit for bit (width 2); random per-program stage delays change no bit; 1000 replays
+== staged bit for bit (width 2); the same at the TP8 shard with the GLM-5.x checkpoints'
+interleaved indexer rope (the fused indexer path a served checkpoint launches); random per-program stage delays change no bit; 1000 replays
 of one captured graph with changing inputs equal eager fused AND staged launches; a pointer
 table first built inside a graph capture replays correctly; pad rows leave every other cache
 row untouched; with every buffer fenced by poisoned bands no launch reads or writes past one;
@@ -34,13 +35,13 @@ def _report(label, m):
 
 
 def _weights(sname):
-    from mono_glm53.config import REAL
+    from mono_glm53.config import named_shape
     from mono_glm53.weights import make_weights
 
     if sname not in _W:
         _W.clear()
         torch.cuda.empty_cache()
-        s = REAL.tp_shard(8, 0) if sname == "tp8" else REAL
+        s = named_shape(sname)
         _W[sname] = (s, make_weights(s, device="cuda", seed=0))
     return _W[sname]
 
@@ -49,6 +50,12 @@ def _weights(sname):
 @pytest.mark.parametrize("width", (2, 4, 8))
 @pytest.mark.parametrize("sname", ("tp8", "tp1"))
 def test_fused_matches_reference(sname, width, ctx):
+    _check_reference(sname, width, ctx)
+
+
+def _check_reference(sname, width, ctx):
+    """Fused (and with stage delays; staged too at width 2, all rows) == the reference within
+    NUMERICS at every row count of the width and one fewer (a pad row)."""
     from mono_glm53.kernels.harness import run_case
     from mono_glm53.kernels.numerics import failures
 
@@ -61,6 +68,16 @@ def test_fused_matches_reference(sname, width, ctx):
                      seed=ctx + rows, delay=20000, weights=w)
         _report(f"{sname} w{width} rows {rows} ctx {ctx}", m)
         assert not failures(m), (rows, m)
+
+
+# The GLM-5.x checkpoints' indexer (interleaved rope: the fused indexer path SGLang serves them
+# with, no Hadamard, one bf16 wk / weights_proj GEMM) at the TP8 shard: what a served
+# checkpoint launches, beside the HF default's path above
+@pytest.mark.parametrize("width,ctx", ((2, 1000), (2, 4096), (8, 4096), (2, 65536), (8, 65536)))
+def test_checkpoint_indexer_path_matches_reference(width, ctx):
+    s, _ = _weights("tp8i")
+    assert s.indexer_rope_interleave and not s.indexer_hadamard
+    _check_reference("tp8i", width, ctx)
 
 
 # Rows of very different contexts in ONE step: 1 token, a few, just below / at / above the

@@ -59,6 +59,8 @@ KNOB_SETS = {
     # default, a TP8 rank on sm_90: none): only the timing may change
     "prefetch_64": dict(prefetch_programs=64),
     "prefetch_all": dict(prefetch_programs=True),
+    # the prefetches at three of their sites only, o_proj's set after the index scores
+    "prefetch_sites": dict(prefetch_sites=["qb", "oproj_late", "down"]),
     # the whole top-k of a step with rows of at most 4096 tokens in one stage, one program a
     # row (ctx 4096: every step; ctx 1000: rows at most k take the row path's short writer)
     "topk_row": dict(topk_row=True),

@@ -458,3 +458,28 @@ def test_bench_served_context_widens_the_page_table_as_a_server_does(tmp_path):
 
     data = json.loads((tmp_path / "glm53_bench.json").read_text())
     assert [(r["context"], r["served_context"]) for r in data["rows"]] == [(64, 208)] and not data["errors"]
+
+
+def test_bench_shapes_name_the_checkpoints_indexer_path_and_refuse_others(tmp_path, capsys):
+    """--shapes tp8i / tp1i: the GLM-5.x checkpoints' interleaved indexer rope (the fused indexer
+    path, no Hadamard), tp8 / tp1 the HF default's (with it); a tiny run times tp8i on the CPU; an
+    unknown name is refused with the known ones, before anything runs."""
+    from mono_glm53.config import REAL, SHAPE_NAMES, named_shape
+
+    assert named_shape("tp8") == REAL.tp_shard(8, 0) and named_shape("tp1") == REAL
+    i8 = named_shape("tp8i")
+    assert i8.indexer_rope_interleave and not i8.indexer_hadamard and i8.tp_size == 8
+    assert named_shape("tp1i").tp_size == 1 and named_shape("tp1i").indexer_fused
+    assert named_shape("tp8", use_tiny=True).tp_size == 4 and named_shape("tp8i", use_tiny=True).indexer_fused
+    with pytest.raises(ValueError, match=r"shape 'tp2' is not one of " + ", ".join(SHAPE_NAMES)):
+        named_shape("tp2")
+    rc = bench.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--widths", "1", "--contexts", "64",
+                     "--shapes", "tp8i", "--replays", "1", "--warmup", "0", "--layers", "1"])
+    assert rc == 0
+    import json
+
+    data = json.loads((tmp_path / "glm53_bench.json").read_text())
+    assert [r["shape"] for r in data["rows"]] and {r["shape"] for r in data["rows"]} == {"tp8i"} and not data["errors"]
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--tiny", "--shapes", "tp8,tp16,x"])
+    assert "--shapes tp16,x: not a shape; the shapes are tp1, tp8, tp1i, tp8i" in capsys.readouterr().err

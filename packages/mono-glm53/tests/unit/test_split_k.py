@@ -316,6 +316,40 @@ def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none()
         _with_knobs(hip, s, 264, {"prefetch_programs": 64}, hip=True)
 
 
+def test_prefetch_sites_sets_the_site_bits_and_refuses_what_requests_nothing_or_twice():
+    """prefetch_sites sets Plan.PFS to its sites' bits (stages.PFS_SITES); at a TP8 rank on
+    sm_90 (no prefetch by default) every program then issues them unless prefetch_programs
+    says otherwise. Unknown or repeated sites, oproj beside oproj_late (the same weights), an
+    empty list, prefetch_programs 0 and gfx950 are refused, every reason at once."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+    from mono_glm53.kernels.stages import PFS_SITES
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert sm.PFS == PFS_SITES["start"] + PFS_SITES["qb"] + PFS_SITES["oproj"] + PFS_SITES["down"] == 15
+    p = _with_knobs(sm, s, 264, {"prefetch_sites": ["qb", "oproj_late"]})
+    assert (p.PFS, p.PFN) == (2 + 16, 0)
+    p = _with_knobs(sm, s, 264, {"prefetch_sites": ["down"], "prefetch_programs": 64})
+    assert (p.PFS, p.PFN) == (8, 64)
+    tp4 = REAL.tp_shard(4, 0)
+    p4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
+    assert _with_knobs(p4, tp4, 264, {"prefetch_sites": ["start"]}).PFS == 1
+    with pytest.raises(ValueError) as e:
+        _with_knobs(sm, s, 264, {"prefetch_sites": ["qb", "qb", "oproj", "oproj_late", "mla"],
+                                 "prefetch_programs": 0})
+    msg = str(e.value)
+    for part in ("prefetch_sites ['mla'] are not sites (known: ['down', 'oproj', 'oproj_late', 'qb', 'start'])",
+                 "names a site twice", "oproj and oproj_late request the same weights",
+                 "with prefetch_programs 0 (no prefetch) requests nothing"):
+        assert msg.count(part) == 1, (part, msg)
+    for bad in ([], "qb", [2]):
+        with pytest.raises(ValueError, match=r"is not a non-empty list of site names .*prefetch_programs 0"):
+            _with_knobs(sm, s, 264, {"prefetch_sites": bad})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"prefetch_sites places sm_90's L2 prefetches: gfx950 has none"):
+        _with_knobs(hip, s, 264, {"prefetch_sites": ["qb"]}, hip=True)
+
+
 def test_silu_fold_folds_hand_off_19_and_is_refused_on_gfx950():
     """silu_fold sets Plan.SFO, whose launch does not run hand-off 19 (the SiLU in gate_up's
     stage), beside TKF's 6; gfx950 refuses it (not resource-checked there)."""

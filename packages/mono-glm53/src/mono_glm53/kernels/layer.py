@@ -199,6 +199,9 @@ class Plan:
     # row (mono_common.stages.topk.topk_rows_one), hand-offs 8-11 only signalled (`topk_row`, a
     # knob; 0: the radix stages every step)
     TKR: int = 0
+    # where the weights' L2 prefetches are issued when PFN >= 0: a bit a site
+    # (`stages.PFS_SITES`; `prefetch_sites`, a knob; 15: start, qb, oproj and down)
+    PFS: int = 15
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -356,10 +359,17 @@ KNOBS = {
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
                          "the last N of the grid (1..nprog), true for every program, or 0 for no weight prefetch "
                          "at all (sm_90; a TP8 rank's default is 0, other shapes' every program)",
+    "prefetch_sites": "Plan.PFS, where the weights are requested into the L2: a list of sites, each once, of "
+                      "start (q_a/kv_a and the index wk / weights_proj at the launch's start), qb (q_b and the "
+                      "index wq_b after q_a/kv_a), oproj (o_proj, the router and the shared expert after absorb) "
+                      "or oproj_late (the same after the index scores), down (the routed experts' down rows after "
+                      "gate_up); by every program unless prefetch_programs says (sm_90; the default where "
+                      "prefetches are on: start, qb, oproj, down)",
     "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
                 "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
-                "entries",
+                "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
+                "~60 us against the radix stages' 21)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -445,6 +455,36 @@ def _row_tokens(knob: str, v, lo: int, hi: int, errors: list[str]) -> int:
         errors.append(f"{knob} {v} is not true or a power of two in {lo}..{hi}")
         return 0
     return v
+
+
+def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, object], errors: list[str]) -> None:
+    """Plan.PFS from the knob `prefetch_sites` (site names, `stages.PFS_SITES`), into `change`,
+    or the reasons it is refused into `errors`. A build without prefetches (PFN -1, a TP8 rank's
+    sm_90 default) gets them from every program, unless `prefetch_programs` is given too."""
+    from mono_glm53.kernels.stages import PFS_SITES
+
+    names = sorted(PFS_SITES)
+    if hip:
+        errors.append("prefetch_sites places sm_90's L2 prefetches: gfx950 has none, build without it")
+        return
+    if not isinstance(sites, (list, tuple)) or not sites or not all(isinstance(x, str) for x in sites):
+        errors.append(f"prefetch_sites {sites!r} is not a non-empty list of site names ({names}); "
+                      "for no prefetch at all set prefetch_programs 0")
+        return
+    bad = sorted(set(sites) - set(PFS_SITES))
+    if bad:
+        errors.append(f"prefetch_sites {bad} are not sites (known: {names})")
+    if len(set(sites)) != len(sites):
+        errors.append(f"prefetch_sites {list(sites)} names a site twice")
+    if "oproj" in sites and "oproj_late" in sites:
+        errors.append("prefetch_sites oproj and oproj_late request the same weights: name one of them")
+    if isinstance(programs, int) and not isinstance(programs, bool) and programs == 0:
+        errors.append("prefetch_sites with prefetch_programs 0 (no prefetch) requests nothing: drop one of them")
+    if bad or len(set(sites)) != len(sites):
+        return
+    change["PFS"] = sum(PFS_SITES[x] for x in sites)
+    if programs is None and plan.PFN < 0:
+        change["PFN"] = 0
 
 
 def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, object], hip: bool = False) -> Plan:
@@ -581,6 +621,8 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "or true (every program)")
         else:
             change["PFN"] = -1 if pn == 0 else (0 if pn == nprog else pn)
+    if "prefetch_sites" in k:
+        _prefetch_sites(k["prefetch_sites"], k.get("prefetch_programs"), plan, hip, change, errors)
     if k.get("topk_row"):
         v = _row_tokens("topk_row", k["topk_row"], 256, 4096, errors)
         if hip:

@@ -144,6 +144,17 @@ FIXOP = tl.constexpr(64)
 SLOTC = tl.constexpr(192)
 # the counter buffer's words (GlmLayerKernel.cnt)
 CNT_WORDS = tl.constexpr(320)
+# Where a fused launch requests its own weights into the L2 (Plan.PFS, a bit each; sm_90 with
+# PFN >= 0): at its start (q_a/kv_a and the index wk / weights_proj), after q_a/kv_a (q_b and
+# the index wq_b), after absorb or else after the index scores (o_proj, the router, the shared
+# expert), and gate_up's routed experts' down rows
+PFS_START = tl.constexpr(1)
+PFS_QB = tl.constexpr(2)
+PFS_OPROJ = tl.constexpr(4)
+PFS_DOWN = tl.constexpr(8)
+PFS_OPROJ_LATE = tl.constexpr(16)
+PFS_SITES = {"start": PFS_START.value, "qb": PFS_QB.value, "oproj": PFS_OPROJ.value,
+             "down": PFS_DOWN.value, "oproj_late": PFS_OPROJ_LATE.value}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -961,6 +972,17 @@ def _prefetch_next(row, pid, nprog, NQKV: tl.constexpr, H: tl.constexpr, ID: tl.
 
 
 @triton.jit
+def _prefetch_attn_out(row, pid, nprog, H: tl.constexpr, NH: tl.constexpr, VD: tl.constexpr, E: tl.constexpr,
+                       I: tl.constexpr, PF: tl.constexpr, PFN: tl.constexpr):
+    """o_proj's, the router's and the shared expert's weights requested into the L2 (Plan.PFS
+    site PFS_OPROJ or PFS_OPROJ_LATE)."""
+    _prefetch_pf(pid, nprog, _p(row, P.WO, tl.uint8), H * NH * VD, PF, PFN)
+    _prefetch_pf(pid, nprog, _p(row, P.WG, tl.bfloat16), E * H * 2, PF, PFN)
+    _prefetch_pf(pid, nprog, _p(row, P.WSH13, tl.uint8), 2 * I * H, PF, PFN)
+    _prefetch_pf(pid, nprog, _p(row, P.WSH2, tl.uint8), H * I, PF, PFN)
+
+
+@triton.jit
 def _prefetch_at(a, pid, nprog, nbytes, PFN: tl.constexpr = 0):
     """`_prefetch_pf` of nbytes at address a (an int64 table word), none when it is zero."""
     if a != 0:
@@ -1356,6 +1378,9 @@ def layer_kernel(
     # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
     # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
     TKR: tl.constexpr = 0,
+    # where the weights' L2 prefetches are issued (Plan.PFS, bits PFS_*; the knob
+    # `prefetch_sites`), when PFN >= 0
+    PFS: tl.constexpr = 15,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1399,7 +1424,7 @@ def layer_kernel(
     # interpreter: no prefetch, the stages load as before). The fused launch only.
     PF: tl.constexpr = CLOCK == 0 and PFN >= 0
     GS: tl.constexpr = 8 if CLOCK == 0 else 0
-    if FUSED and FIRST == 0:
+    if FUSED and FIRST == 0 and (PFS & PFS_START) != 0:
         _prefetch_pf(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF, PFN)
         if INDEXER:
             if IDX_FUSED:
@@ -1418,7 +1443,7 @@ def layer_kernel(
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
                        INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
-    if FUSED and FIRST == 0:
+    if FUSED and FIRST == 0 and (PFS & PFS_QB) != 0:
         _prefetch_pf(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF, PFN)
         if INDEXER:
             _prefetch_pf(pid, nprog, _p(row, P.WIQ, u8), NIQ * QL, PF, PFN)
@@ -1449,13 +1474,10 @@ def layer_kernel(
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
                          MLA_NEOX, IDX_NEOX, GS, HWQ)
-    if FUSED and FIRST == 0:
+    if FUSED and FIRST == 0 and (PFS & PFS_OPROJ) != 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
-        _prefetch_pf(pid, nprog, _p(row, P.WO, u8), H * NH * VD, PF, PFN)
-        _prefetch_pf(pid, nprog, _p(row, P.WG, bf16), E * H * 2, PF, PFN)
-        _prefetch_pf(pid, nprog, _p(row, P.WSH13, u8), 2 * I * H, PF, PFN)
-        _prefetch_pf(pid, nprog, _p(row, P.WSH2, u8), H * I, PF, PFN)
+        _prefetch_attn_out(row, pid, nprog, H, NH, VD, E, I, PF, PFN)
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
@@ -1465,6 +1487,11 @@ def layer_kernel(
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
                          W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF)
+    if FUSED and FIRST == 0 and (PFS & PFS_OPROJ_LATE) != 0:
+        # the same ~20 MB after this program's index-score tiles instead: not queued while
+        # absorb's last programs still load (session 28: absorb 8.4 -> 11.6 us at 1 row with
+        # every site on), still ahead of the top-k stages' quiet stretch
+        _prefetch_attn_out(row, pid, nprog, H, NH, VD, E, I, PF, PFN)
     # the exact top-k: four radix passes, the chunk counts, the write (TKC keys a tile)
     nck = (_si(row, P.MAX_PAGES) * TB + TKC - 1) // TKC
     if TKR > 0 and INDEXER:
@@ -1548,7 +1575,8 @@ def layer_kernel(
                          _p(row, P.W13, u8), _p(row, P.S13, f32), _p(row, P.WSH13, u8),
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
-                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT, PF and FUSED, MCVT,
+                         W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT,
+                         PF and FUSED and (PFS & PFS_DOWN) != 0, MCVT,
                          GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
                          _p(row, P.INTERS, f32), BI, HWQ, PFN)
     if FIRST <= 19 and LAST >= 19:
