@@ -134,9 +134,9 @@ MLA_SIG = {"qabs_ptr": "*fp32", "kv_ptr": "*bf16", "topk_ptr": "*i32", "req_ptr"
            "L": "i32"}
 
 
-def _mla(w, ct, mode):
+def _mla(w, ct, mode, hold=False):
     return dict(W=w, NH=8, KVL=512, RD=64, TOPK=2048, CT=ct, HG=16, MODE=mode, stride_rtt=4096,
-                kv_lstride=w * 4096 * 576)
+                kv_lstride=w * 4096 * 576, HOLD=hold)
 
 
 LINKED = [
@@ -147,6 +147,9 @@ LINKED = [
     # the bench's 16-token chunks (four times the tiles at one row): the combine unrolled over 128
     # chunks beside the partials holds more than gfx950's 106 SGPRs (5 spilled), so sm_90 only
     ("mla-ct16", "mla_entry", MLA_SIG, [_mla(1, 16, m) for m in (0, 2)], ("sm_90",)),
+    # the held-keys chunks (`stages.mla` HOLD) the bench times: 16 and 32 tokens, sm_90 as above
+    ("mla-hold", "mla_entry", MLA_SIG, [_mla(w, ct, m, True) for w, ct in ((1, 16), (8, 32)) for m in (0, 2)],
+     ("sm_90",)),
 ]
 
 

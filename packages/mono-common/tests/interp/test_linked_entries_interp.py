@@ -22,14 +22,27 @@ def mla_rel_err(plan, got, q, kv, topk, req, rtt, scale):
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["chunked", "hold"])
 @pytest.mark.parametrize("linked", [False, True], ids=["staged", "linked"])
-def test_sparse_mla_matches_the_reference(linked):
-    plan = LH.MlaPlan(W=3, NH=20, KVL=128, RD=64, TOPK=64, CT=16, HG=16)
+def test_sparse_mla_matches_the_reference(linked, hold):
+    # hold: each chunk's keys loaded once for both products (stages.mla HOLD)
+    plan = LH.MlaPlan(W=3, NH=20, KVL=128, RD=64, TOPK=64, CT=16, HG=16, HOLD=hold)
     g = torch.Generator().manual_seed(7)
     q, kv, topk, req, rtt = mla_inputs(plan, 96, 16, g, short_row=1)
     got = LH.run_mla(plan, q, kv, topk, req, rtt, 0.06, nprog=1 if linked else 3, linked=linked)
     # bf16 P and bf16 output: ~2^-9 relative each
     assert mla_rel_err(plan, got, q, kv, topk, req, rtt, 0.06) < 4e-3
+
+
+def test_held_keys_beyond_the_register_budget_are_refused():
+    """HOLD keeps a chunk's [CT, KVL] keys in registers: a plan past CT * KVL = 16384 is refused
+    with the largest chunk that fits, before anything launches."""
+    plan = LH.MlaPlan(W=1, NH=8, KVL=512, RD=64, TOPK=2048, CT=64, HOLD=True)
+    q = torch.zeros(1, 8, 576)
+    kv = torch.zeros(1, 4096, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"CT \* KVL must be at most 16384 \(CT <= 32\)"):
+        LH.launch_mla(plan, q, kv, torch.zeros(1, 2048, dtype=torch.int32), torch.zeros(1, dtype=torch.int64),
+                      torch.zeros(1, 4096, dtype=torch.int32), 0.1, LH.mla_buffers(plan, "cpu"), 1, LH.MLA_PARTIAL)
 
 
 def test_linked_topk_over_two_sets_matches_the_reference():

@@ -145,11 +145,13 @@ def test_radix_topk_on_gpu(n, rows, ties):
     check_topk("cuda", n, rows, INDEX_TOPK, _nprog(), ties)
 
 
-MLA_PLANS = [LH.MlaPlan(W=1, NH=8), LH.MlaPlan(W=8, NH=8), LH.MlaPlan(W=1, NH=64)]
+MLA_PLANS = [LH.MlaPlan(W=1, NH=8), LH.MlaPlan(W=8, NH=8), LH.MlaPlan(W=1, NH=64),
+             LH.MlaPlan(W=1, NH=8, CT=16, HOLD=True), LH.MlaPlan(W=8, NH=8, CT=32, HOLD=True)]
 
 
 @pytest.mark.parametrize("linked", [False, True], ids=["staged", "linked"])
-@pytest.mark.parametrize("plan", MLA_PLANS, ids=[f"w{p.W}-h{p.NH}" for p in MLA_PLANS])
+@pytest.mark.parametrize("plan", MLA_PLANS, ids=[f"w{p.W}-h{p.NH}" + (f"-hold{p.CT}" if p.HOLD else "")
+                                                 for p in MLA_PLANS])
 def test_sparse_mla_on_gpu(plan, linked):
     check_mla("cuda", plan, ctx=2 * INDEX_TOPK, page=64, nprog=_nprog(), linked=linked)
 

@@ -28,7 +28,7 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     assert ahead.l2_ahead and xq and ahead == dataclasses.replace(B.variant_plan("s128fq", 2624, 6144, 1, 264)[0],
                                                                   l2_ahead=True)
     assert {(j.shape, j.rows) for j in by["topk"]} == {((n, 2048), r) for n in (4096, 65536, 200000) for r in (1, 8)}
-    assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16")}
+    assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16", "ct16h", "ct32h")}
     heads, latent, rope, selected, ctx, page = B.MLA_SHAPE
     assert (heads, latent, rope, selected, page) == (64 // 8, 512, 64, 2048, 64) and ctx > selected
     # 2 and 1 programs per SM, 1000 hand-offs a launch

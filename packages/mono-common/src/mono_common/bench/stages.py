@@ -2,7 +2,7 @@
 
     mono bench stages --out results/ [--stages gemv,topk,mla,handoff,expert] [--jobs 8]
         [--rows 1,8] [--shapes 2624x6144,...] [--variants ...] [--keys 4096,...]
-        [--mla-variants ct64,ct16] [--handoffs 1000]
+        [--mla-variants ct64,ct16,ct16h,ct32h] [--handoffs 1000]
 
 Stages (all by default):
   gemv     the FP8 block-128 GEMV at GLM-5.3's shapes, rows 1, 2, 8, the variants of
@@ -77,7 +77,9 @@ TOPK_KEYS = (4096, 65536, 200000)
 # each request's tokens, in shuffled pages, so the reads are a gather as in serving
 MLA_SHAPE = (8, 512, 64, INDEX_TOPK, 2 * INDEX_TOPK, 64)
 MLA_SCALE = 256 ** -0.5
-MLA_VARIANTS = {"ct64": 64, "ct16": 16}  # tokens a chunk: the layer's 64; 16 gives 4x the tiles
+# (tokens a chunk, HOLD): the layer's 64; 16 gives 4x the tiles; "h": the chunk's keys held for
+# both products, one round of loads a tile (`stages.mla` HOLD)
+MLA_VARIANTS = {"ct64": (64, False), "ct16": (16, False), "ct16h": (16, True), "ct32h": (32, True)}
 MLA_REL_BOUND = 5e-3  # bf16 P and a bf16 output (tests/kernels/test_small_stages_gpu.py)
 HANDOFFS = 1000
 HANDOFF_TARGET_US = 1.0
@@ -248,7 +250,8 @@ def _mla_case(torch, dev, job, ceiling, memo):
 
     nh, kvl, rd, topk_n, ctx, page = job.shape
     rows = job.rows
-    plan = MlaPlan(W=rows, NH=nh, KVL=kvl, RD=rd, TOPK=topk_n, CT=MLA_VARIANTS[job.variant])
+    ct, hold = MLA_VARIANTS[job.variant]
+    plan = MlaPlan(W=rows, NH=nh, KVL=kvl, RD=rd, TOPK=topk_n, CT=ct, HOLD=hold)
     D = kvl + rd
     L = sets_for(rows * topk_n * D * 2)
     q, kv, topk, req, rtt = mla_inputs(torch, rows, job.shape, L, dev)

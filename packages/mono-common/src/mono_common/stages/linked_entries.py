@@ -59,7 +59,7 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
 def mla_entry(qabs_ptr, kv_ptr, topk_ptr, req_ptr, rtt_ptr, part_ptr, ml_ptr, attn_ptr, bar_ptr, sm_scale, L,
               stride_rtt: tl.constexpr, kv_lstride: tl.constexpr, W: tl.constexpr, NH: tl.constexpr,
               KVL: tl.constexpr, RD: tl.constexpr, TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr,
-              MODE: tl.constexpr):
+              MODE: tl.constexpr, HOLD: tl.constexpr = False):
     # strides are constexprs for the SGPRs, as above (CT = 64 fits gfx950's 106 with both stages
     # and the hand-offs; smaller chunks unroll the combine further and spill there)
     pid = tl.program_id(0)
@@ -68,7 +68,7 @@ def mla_entry(qabs_ptr, kv_ptr, topk_ptr, req_ptr, rtt_ptr, part_ptr, ml_ptr, at
     for li in range(L):
         if MODE != 1:
             mla_partial(pid, nprog, qabs_ptr, kl, topk_ptr, req_ptr, rtt_ptr, stride_rtt, part_ptr, ml_ptr, sm_scale,
-                        W, NH, KVL, RD, TOPK, CT, HG)
+                        W, NH, KVL, RD, TOPK, CT, HG, HOLD)
         if MODE == 2:
             grid_handoff(bar_ptr, (2 * li + 1) * nprog)
         if MODE != 0:

@@ -71,7 +71,8 @@ def run_topk_linked(scores, seqlen, k: int, nprog: int):
 @dataclasses.dataclass(frozen=True)
 class MlaPlan:
     """Sparse MLA of W rows, NH heads, latent KVL + rope RD, TOPK selected tokens, CT tokens a
-    chunk, HG heads a tile (the layer: CT = 64, HG = 16)."""
+    chunk, HG heads a tile (the layer: CT = 64, HG = 16); HOLD: a chunk's keys held for both
+    products (`stages.mla`, CT * KVL <= 16384)."""
 
     W: int
     NH: int
@@ -81,6 +82,7 @@ class MlaPlan:
     CT: int = 64
     HG: int = 16
     num_warps: int = 4
+    HOLD: bool = False
 
     @property
     def nch(self) -> int:
@@ -111,12 +113,15 @@ def launch_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, bufs: d
         raise ValueError(f"qabs {tuple(qabs.shape)} / kv {tuple(kv.shape)} do not match {p}")
     if tuple(topk.shape) != (p.W, p.TOPK):
         raise ValueError(f"topk {tuple(topk.shape)} is not [{p.W}, {p.TOPK}]")
+    if p.HOLD and p.CT * p.KVL > 16384:
+        raise ValueError(f"HOLD keeps a chunk's [CT, KVL] = [{p.CT}, {p.KVL}] keys in registers: "
+                         f"CT * KVL must be at most 16384 (CT <= {16384 // p.KVL})")
     linked = mode == MLA_LINKED
     if linked:
         bufs["bar"].zero_()
     mla_entry[(nprog,)](qabs, kv, topk, req, rtt, bufs["part"], bufs["ml"], bufs["attn"], bufs["bar"], sm_scale,
                         kv.shape[0], stride_rtt=rtt.stride(0), kv_lstride=kv.stride(0), W=p.W, NH=p.NH, KVL=p.KVL,
-                        RD=p.RD, TOPK=p.TOPK, CT=p.CT, HG=p.HG, MODE=mode, num_warps=p.num_warps,
+                        RD=p.RD, TOPK=p.TOPK, CT=p.CT, HG=p.HG, MODE=mode, HOLD=p.HOLD, num_warps=p.num_warps,
                         **(_coop(qabs.device) if linked else {}))
     return bufs["attn"]
 

@@ -6,6 +6,11 @@
       the paged latent cache kv_cache [slots, KVL + RD] bf16 at the slots the page table maps
       the selected token indices to (topk [W, TOPK], -1 = none; req_to_token[req, token]);
       p rounded to bf16 before the value product, as FlashMLA's bf16 P.
+  HOLD (CT * KVL <= 16384: a chunk of at most 32 tokens at KVL 512): the chunk's whole latent
+      keys [CT, KVL] loaded at once and held for both products (its scores as one dot over
+      KVL, its values from the same registers), so a tile is one round of gathered loads, not
+      KVL / 64 dependent ones each way; the sums run in the same order (rope part, then the
+      latent's K in order; each output column over the chunk's tokens).
   mla_combine: attn [W, NH, KVL] bf16 = sum over the chunks in chunk order of
       exp(max_c - M) * part_c / sum_c exp(max_c - M) * l_c (fixed order: fused == staged).
 """
@@ -20,7 +25,9 @@ from mono_common.stages.numerics import bf16r, dot, rbf
 def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
               part_ptr, ml_ptr, sm_scale,
               W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
-              TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr):
+              TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, HOLD: tl.constexpr = False):
+    if HOLD:
+        tl.static_assert(CT * KVL <= 16384, "HOLD keeps a chunk's [CT, KVL] keys in registers: CT * KVL <= 16384")
     NCH: tl.constexpr = TOPK // CT
     NG: tl.constexpr = (NH + HG - 1) // HG
     DA: tl.constexpr = KVL + RD
@@ -45,20 +52,29 @@ def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, 
         kr = tl.load(kb[:, None] + KVL + cr[None, :], mask=valid[:, None], other=0.0)
         qr = tl.load(qb[:, None] + KVL + cr[None, :], mask=hm[:, None], other=0.0)
         s = dot(qr, tl.trans(kr))
-        for d0 in range(0, KVL, DC):
-            kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
-            qn = tl.load(qb[:, None] + d0 + dc[None, :], mask=hm[:, None], other=0.0)
-            s += dot(qn, tl.trans(kn))
+        if HOLD:
+            ck = tl.arange(0, KVL)
+            kh = tl.load(kb[:, None] + ck[None, :], mask=valid[:, None], other=0.0)
+            qh = tl.load(qb[:, None] + ck[None, :], mask=hm[:, None], other=0.0)
+            s += dot(qh, tl.trans(kh))
+        else:
+            for d0 in range(0, KVL, DC):
+                kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
+                qn = tl.load(qb[:, None] + d0 + dc[None, :], mask=hm[:, None], other=0.0)
+                s += dot(qn, tl.trans(kn))
         s = tl.where(valid[None, :], s * sm_scale, -1e30)
         mx = tl.max(s, 1)
         p = tl.where(valid[None, :], tl.exp(s - mx[:, None]), 0.0)
         l = tl.sum(p, 1)
         pbf = rbf(p)
         pb = part_ptr + ((m * NH + heads) * NCH + c) * KVL
-        for d0 in range(0, KVL, DC):
-            kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
-            o = dot(pbf, kn)
-            tl.store(pb[:, None] + d0 + dc[None, :], o, mask=hm[:, None])
+        if HOLD:
+            tl.store(pb[:, None] + ck[None, :], dot(pbf, kh), mask=hm[:, None])
+        else:
+            for d0 in range(0, KVL, DC):
+                kn = tl.load(kb[:, None] + d0 + dc[None, :], mask=valid[:, None], other=0.0)
+                o = dot(pbf, kn)
+                tl.store(pb[:, None] + d0 + dc[None, :], o, mask=hm[:, None])
         mb = ml_ptr + ((m * NH + heads) * NCH + c) * 2
         tl.store(mb, mx, mask=hm)
         tl.store(mb + 1, l, mask=hm)
