@@ -9,8 +9,9 @@
   HOLD (CT * KVL <= 16384: a chunk of at most 32 tokens at KVL 512): the chunk's whole latent
       keys [CT, KVL] loaded at once and held for both products (its scores as one dot over
       KVL, its values from the same registers), so a tile is one round of gathered loads, not
-      KVL / 64 dependent ones each way; the sums run in the same order (rope part, then the
-      latent's K in order; each output column over the chunk's tokens).
+      KVL / 64 dependent ones each way. The scores add the rope part first, then the latent
+      in one dot (the chunked form adds it 64 at a time: the same terms, an MMA's K split may
+      round them otherwise); each output column sums the chunk's tokens as before.
   mla_combine: attn [W, NH, KVL] bf16 = sum over the chunks in chunk order of
       exp(max_c - M) * part_c / sum_c exp(max_c - M) * l_c (fixed order: fused == staged).
 """
