@@ -27,19 +27,20 @@ from mono_glm53.kernels.layer import PROGRAMS_PER_SM
 from mono_glm53.spec import RESIDENT_BLOCKS
 
 # (shape name, tp_size of the shape, world of the launch)
-SHAPES = {"tp4": (4, 4), "tp8": (8, 8), "tp8h": (8, 8)}
+# names as `mono_glm53.config.SHAPE_NAMES`: an "i", the checkpoints' interleaved indexer rope
+SHAPES = {"tp4i": (4, 4), "tp8i": (8, 8), "tp8": (8, 8)}
 ISAS = ("sm_90", "gfx950")
 PER_SM = {"sm_90": PROGRAMS_PER_SM["cuda"], "gfx950": PROGRAMS_PER_SM["hip"]}
 GRID = {isa: RESIDENT_BLOCKS[isa] * PER_SM[isa] for isa in PER_SM}
 LIMIT = {"sm_90": 227 * 1024, "gfx950": 160 * 1024}
 
 def _served():
-    """(isa, shape name, width, indexer): "tpN" the checkpoints' interleaved indexer rope, "tpNh"
+    """(isa, shape name, width, indexer): "tpNi" the checkpoints' interleaved indexer rope, "tp8"
     the HF default's (the Hadamard path) at the widest TP8 width only."""
     from mono_glm53.spec import WIDTHS_BY_TP
 
-    served = [(isa, f"tp{tp}", w, True) for isa in ISAS for tp, ws in sorted(WIDTHS_BY_TP[isa].items()) for w in ws]
-    return served + [(isa, "tp8h", max(WIDTHS_BY_TP[isa][8]), True) for isa in ISAS]
+    served = [(isa, f"tp{tp}i", w, True) for isa in ISAS for tp, ws in sorted(WIDTHS_BY_TP[isa].items()) for w in ws]
+    return served + [(isa, "tp8", max(WIDTHS_BY_TP[isa][8]), True) for isa in ISAS]
 
 
 VARIANTS = _served()
@@ -49,7 +50,7 @@ def _shape(name):
     from mono_glm53.config import REAL, REAL_INTERLEAVED
 
     tp, _ = SHAPES[name]
-    base = REAL if name.endswith("h") else REAL_INTERLEAVED
+    base = REAL_INTERLEAVED if name.endswith("i") else REAL
     return base.tp_shard(tp, 0) if tp > 1 else base
 
 

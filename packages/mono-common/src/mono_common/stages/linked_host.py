@@ -72,7 +72,7 @@ def run_topk_linked(scores, seqlen, k: int, nprog: int):
 class MlaPlan:
     """Sparse MLA of W rows, NH heads, latent KVL + rope RD, TOPK selected tokens, CT tokens a
     chunk, HG heads a tile (the layer: CT = 64, HG = 16); HOLD: a chunk's keys held for both
-    products (`stages.mla`, CT * KVL <= 16384)."""
+    products (`stages.mla`, CT * KVL <= its HOLD_KEYS)."""
 
     W: int
     NH: int
@@ -107,15 +107,16 @@ def launch_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, bufs: d
     caches [L, S, KVL + RD] bf16. qabs [W, NH, KVL + RD] fp32, topk [W, TOPK] int32 logical
     positions (-1 none), req [W] int64, rtt [reqs, stride] int32 (req_to_token)."""
     from mono_common.stages.linked_entries import mla_entry
+    from mono_common.stages.mla import HOLD_KEYS
 
     p = plan
     if p.TOPK % p.CT or qabs.shape != (p.W, p.NH, p.KVL + p.RD) or kv.shape[2] != p.KVL + p.RD:
         raise ValueError(f"qabs {tuple(qabs.shape)} / kv {tuple(kv.shape)} do not match {p}")
     if tuple(topk.shape) != (p.W, p.TOPK):
         raise ValueError(f"topk {tuple(topk.shape)} is not [{p.W}, {p.TOPK}]")
-    if p.HOLD and p.CT * p.KVL > 16384:
+    if p.HOLD and p.CT * p.KVL > HOLD_KEYS.value:
         raise ValueError(f"HOLD keeps a chunk's [CT, KVL] = [{p.CT}, {p.KVL}] keys in registers: "
-                         f"CT * KVL must be at most 16384 (CT <= {16384 // p.KVL})")
+                         f"CT * KVL must be at most {HOLD_KEYS.value} (CT <= {HOLD_KEYS.value // p.KVL})")
     linked = mode == MLA_LINKED
     if linked:
         bufs["bar"].zero_()

@@ -6,7 +6,7 @@
       the paged latent cache kv_cache [slots, KVL + RD] bf16 at the slots the page table maps
       the selected token indices to (topk [W, TOPK], -1 = none; req_to_token[req, token]);
       p rounded to bf16 before the value product, as FlashMLA's bf16 P.
-  HOLD (CT * KVL <= 16384: a chunk of at most 32 tokens at KVL 512): the chunk's whole latent
+  HOLD (CT * KVL <= HOLD_KEYS = 16384: a chunk of at most 32 tokens at KVL 512): the chunk's whole latent
       keys [CT, KVL] loaded at once and held for both products (its scores as one dot over
       KVL, its values from the same registers), so a tile is one round of gathered loads, not
       KVL / 64 dependent ones each way. The scores add the rope part first, then the latent
@@ -21,6 +21,9 @@ import triton.language as tl
 
 from mono_common.stages.numerics import bf16r, dot, rbf
 
+# HOLD's register budget: a chunk's latent keys [CT, KVL] held at once, at most this many values
+HOLD_KEYS = tl.constexpr(16384)
+
 
 @triton.jit
 def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, stride_rtt,
@@ -28,7 +31,7 @@ def mla_partial(pid, nprog, qabs_ptr, kv_cache_ptr, topk_ptr, req_ptr, rtt_ptr, 
               W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr, RD: tl.constexpr,
               TOPK: tl.constexpr, CT: tl.constexpr, HG: tl.constexpr, HOLD: tl.constexpr = False):
     if HOLD:
-        tl.static_assert(CT * KVL <= 16384, "HOLD keeps a chunk's [CT, KVL] keys in registers: CT * KVL <= 16384")
+        tl.static_assert(CT * KVL <= HOLD_KEYS, "HOLD keeps a chunk's [CT, KVL] keys in registers: CT * KVL <= HOLD_KEYS")
     NCH: tl.constexpr = TOPK // CT
     NG: tl.constexpr = (NH + HG - 1) // HG
     DA: tl.constexpr = KVL + RD

@@ -472,15 +472,16 @@ def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, ob
                       "for no prefetch at all set prefetch_programs 0")
         return
     bad = sorted(set(sites) - set(PFS_SITES))
+    twice = len(set(sites)) != len(sites)
     if bad:
         errors.append(f"prefetch_sites {bad} are not sites (known: {names})")
-    if len(set(sites)) != len(sites):
+    if twice:
         errors.append(f"prefetch_sites {list(sites)} names a site twice")
     if "oproj" in sites and "oproj_late" in sites:
         errors.append("prefetch_sites oproj and oproj_late request the same weights: name one of them")
-    if isinstance(programs, int) and not isinstance(programs, bool) and programs == 0:
+    if type(programs) is int and programs == 0:
         errors.append("prefetch_sites with prefetch_programs 0 (no prefetch) requests nothing: drop one of them")
-    if bad or len(set(sites)) != len(sites):
+    if bad or twice:
         return
     change["PFS"] = sum(PFS_SITES[x] for x in sites)
     if programs is None and plan.PFN < 0:
