@@ -35,6 +35,7 @@ group() {  # name -> its pytest arguments
     ref8a) echo "$T/test_layer_gpu.py -k '$REF and tp8 and (1000 or 4096)'" ;;
     ref8b) echo "$T/test_layer_gpu.py -k '$REF and tp8 and 65536'" ;;
     ref8i) echo "$T/test_layer_gpu.py -k checkpoint_indexer" ;;
+    hold) echo "$T/test_layer_gpu.py -k mla_hold" ;;
     ref1a) echo "$T/test_layer_gpu.py -k '$REF and tp1 and (1000 or 4096)'" ;;
     ref1b) echo "$T/test_layer_gpu.py -k '$REF and tp1 and 65536'" ;;
     mixed) echo "$T/test_layer_gpu.py -k mixed" ;;
@@ -46,7 +47,7 @@ group() {  # name -> its pytest arguments
     *) return 1 ;;
   esac
 }
-ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,mixed,wraps,layer,allred,procs,common
+ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,hold,mixed,wraps,layer,allred,procs,common
 [ "$MEM" -gt 100 ] && ALL=$ALL,ref1a,ref1b
 SEL=${ONLY:-$ALL}
 for g in ${SEL//,/ }; do

@@ -5,11 +5,12 @@ staged mode where the suite runs it), so the cache keys are the launches' own.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
     packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--variants tp8:2,tp8:8] \
-    [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8]
+    [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8 --knob-shapes tp8,tp8i]
 
---knobs takes the bench's JSON of named knob sets (`kernels.layer.KNOBS`): each set's fused TP8
-shard variant at every --knob-widths width (the bench's 1 row runs the width-2 build), beside
-the other variants, as `python3 -m mono_glm53.bench --knobs` would compile them one by one.
+--knobs takes the bench's JSON of named knob sets (`kernels.layer.KNOBS`): each set's fused
+variant of every --knob-shapes shape (default the TP8 shard) at every --knob-widths width (the
+bench's 1 row runs the width-2 build), beside the other variants, as `python3 -m
+mono_glm53.bench --knobs` would compile them one by one.
 """
 
 import argparse
@@ -73,6 +74,7 @@ def main(argv=None):
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--knobs", default=None, metavar="JSON", help="named knob sets, as the bench's --knobs")
     ap.add_argument("--knob-widths", default="2,8", help="widths of each knob set's TP8 variant")
+    ap.add_argument("--knob-shapes", default="tp8", help="shapes of each knob set's variants (tp8, tp8i)")
     ap.add_argument("--variants", default=None,
                     help="comma list of shape:width[:staged] (indexer; fused, and with ':staged' every "
                          "stage alone too) instead of the suite's and the bench's")
@@ -84,7 +86,8 @@ def main(argv=None):
         import json
 
         sets = json.loads(a.knobs)
-        todo = todo + [("tp8", int(w), True, False, sets[n]) for n in sets for w in a.knob_widths.split(",")]
+        todo = todo + [(sh, int(w), True, False, sets[n]) for n in sets for w in a.knob_widths.split(",")
+                       for sh in a.knob_shapes.split(",")]
     # on a GPU under 100 GB (an H100) the variants holding the whole layer run two at a time
     # after the others: all at once ran it out of memory (session 25)
     import torch

@@ -317,6 +317,44 @@ def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
 
 
+def test_wuv_combine_combines_each_head_in_the_value_projection_and_gives_the_default_bits():
+    """wuv_combine (Plan.WCB): the value projection's tiles combine their head's MLA chunks
+    themselves (two 64-token chunks a row here: top-k 128 of ctx 700) and the combine stage
+    writes nothing: with the combine's output buffer poisoned (NaN), the outputs and caches are
+    the default's bits, and the buffer is still untouched."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=128)
+    c = build_case(s, 2, 700, True, seed=7)
+    got = {}
+    for wcb in (False, True):
+        k = GlmLayerKernel(s, c.w, 2, max_seq_len=700, nprog=5, device="cpu", wuv_combine=wcb)
+        assert k.plan.WCB == wcb and k.plan.TOPK // k.plan.CT == 2
+        if wcb:
+            k.attn.fill_(float("nan"))
+        got[wcb] = kernel_out(c, k, "staged")
+        if wcb:
+            assert torch.isnan(k.attn.float()).all()
+    (a, ca), (b, cb) = got[False], got[True]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+
+
+@pytest.mark.parametrize("ct", [16, 32])
+def test_mla_hold_meets_the_reference(ct):
+    """mla_hold (Plan.HOLD, CT): the MLA chunks' keys held for both products, 16 or 32 tokens
+    a chunk (8 or 4 chunks of top-k 128 to combine): a build of its own bits, within the
+    bounds the default's staged launch meets (test_staged_equals_reference_several_chunks)."""
+    s = tiny(index_heads=8, index_topk=128)
+    m = run_case(s, 2, 2, 700, True, modes=("staged",), nprog=3, seed=7, knobs={"mla_hold": ct})
+    assert not failures(m), m
+    assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
 def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
     """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
     slot's counter back to zero. Three steps in a row, the last from a restart near the stage

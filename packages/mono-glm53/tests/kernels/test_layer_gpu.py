@@ -53,9 +53,10 @@ def test_fused_matches_reference(sname, width, ctx):
     _check_reference(sname, width, ctx)
 
 
-def _check_reference(sname, width, ctx):
+def _check_reference(sname, width, ctx, knobs=None):
     """Fused (and with stage delays; staged too at width 2, all rows) == the reference within
-    NUMERICS at every row count of the width and one fewer (a pad row)."""
+    NUMERICS at every row count of the width and one fewer (a pad row); `knobs`: the kernel's
+    measurement knobs."""
     from mono_glm53.kernels.harness import run_case
     from mono_glm53.kernels.numerics import failures
 
@@ -65,8 +66,8 @@ def _check_reference(sname, width, ctx):
         if width == 2 and rows == width:
             modes.append("staged")
         m = run_case(s, width, rows, ctx, True, modes=tuple(modes), device="cuda",
-                     seed=ctx + rows, delay=20000, weights=w)
-        _report(f"{sname} w{width} rows {rows} ctx {ctx}", m)
+                     seed=ctx + rows, delay=20000, weights=w, knobs=knobs)
+        _report(f"{sname} w{width} rows {rows} ctx {ctx}{' ' + str(knobs) if knobs else ''}", m)
         assert not failures(m), (rows, m)
 
 
@@ -78,6 +79,14 @@ def test_checkpoint_indexer_path_matches_reference(width, ctx):
     s, _ = _weights("tp8i")
     assert s.indexer_rope_interleave and not s.indexer_hadamard
     _check_reference("tp8i", width, ctx)
+
+
+# mla_hold: the MLA chunks' keys held for both products, a build whose scores may round
+# otherwise than the default's (so not in the knob test's same-bits sets): fused == fused with
+# delays == staged, and the reference within NUMERICS, at the served TP8 shard
+@pytest.mark.parametrize("width,ctx,ct", ((2, 4096, 16), (8, 4096, 32), (2, 65536, 32)))
+def test_mla_hold_matches_reference(width, ctx, ct):
+    _check_reference("tp8i", width, ctx, knobs={"mla_hold": ct})
 
 
 # Rows of very different contexts in ONE step: 1 token, a few, just below / at / above the

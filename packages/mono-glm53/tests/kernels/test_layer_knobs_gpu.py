@@ -64,6 +64,8 @@ KNOB_SETS = {
     # the whole top-k of a step with rows of at most 4096 tokens in one stage, one program a
     # row (ctx 4096: every step; ctx 1000: rows at most k take the row path's short writer)
     "topk_row": dict(topk_row=True),
+    # the value projection combining its head's MLA chunks itself, hand-off 14 folded
+    "wuv_combine": dict(wuv_combine=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

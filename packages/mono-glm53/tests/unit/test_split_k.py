@@ -364,6 +364,31 @@ def test_silu_fold_folds_hand_off_19_and_is_refused_on_gfx950():
         _with_knobs(hip, s, 264, {"silu_fold": True}, hip=True)
 
 
+def test_wuv_combine_folds_hand_off_14_and_mla_hold_sets_the_chunk():
+    """wuv_combine sets Plan.WCB, whose launch does not run hand-off 14 (the MLA combine in the
+    value projection's tiles); mla_hold sets Plan.HOLD and the chunk CT (true: 32). A chunk
+    whose keys pass HOLD's budget, or that is not 16 or 32 tokens, is refused, and gfx950
+    refuses both (not resource-checked there), every reason at once."""
+    from mono_glm53.kernels.layer import _with_knobs, folded_handoffs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 8, True, 264), **isa_options("sm_90", s))
+    wcb = _with_knobs(sm, s, 264, {"wuv_combine": True, "silu_fold": True})
+    assert wcb.WCB and not sm.WCB and folded_handoffs(wcb) == (6, 14, 19)
+    assert sm.CT == 64 and not sm.HOLD
+    for v, ct in ((16, 16), (32, 32), (True, 32)):
+        p = _with_knobs(sm, s, 264, {"mla_hold": v})
+        assert p.HOLD and p.CT == ct and folded_handoffs(p) == (6,)
+    for bad in (8, 64, 24):
+        with pytest.raises(ValueError, match=rf"mla_hold {bad} is not 16 or 32 tokens a chunk .* at most 16384 "
+                                             r"values and dividing the top-k 2048"):
+            _with_knobs(sm, s, 264, {"mla_hold": bad})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"wuv_combine is not resource-checked on gfx950.*; mla_hold is not "
+                                         r"resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"wuv_combine": True, "mla_hold": 16}, hip=True)
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

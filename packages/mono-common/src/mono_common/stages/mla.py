@@ -14,6 +14,9 @@
       round them otherwise); each output column sums the chunk's tokens as before.
   mla_combine: attn [W, NH, KVL] bf16 = sum over the chunks in chunk order of
       exp(max_c - M) * part_c / sum_c exp(max_c - M) * l_c (fixed order: fused == staged).
+  mla_combined_cols: the same combine for one head's column block [BM rows, BK columns] as
+      fp32 values on bf16 (mla_combine's bits), for a consumer that combines what it reads
+      (the value projection, one head a tile) instead of waiting for a combine stage.
 """
 
 import triton
@@ -111,3 +114,28 @@ def mla_combine(pid, nprog, part_ptr, ml_ptr, attn_ptr,
             L += e * tl.load(mlb + cc * 2 + 1)
             acc += e * tl.load(part_ptr + (mh * NCH + cc) * KVL + d0 + dc)
         tl.store(attn_ptr + mh * KVL + d0 + dc, bf16r(acc / tl.maximum(L, 1e-30)))
+
+
+@triton.jit
+def mla_combined_cols(part_ptr, ml_ptr, rows, rmask, h, d0, NH: tl.constexpr, KVL: tl.constexpr,
+                      NCH: tl.constexpr, BK: tl.constexpr):
+    """attn[rows, h, d0:d0+BK] as `mla_combine` writes it, [BM, BK] fp32 on bf16, from the
+    partials (rows masked by rmask read nothing and come out 0): each row's max, its weight
+    sum and its sum over the chunks, in chunk order, the same operations per element as
+    mla_combine's, so a consumer combining in place reads that stage's bits. Every chunk's
+    loads are unrolled so they are in flight together."""
+    mlb = ml_ptr + (rows * NH + h) * NCH * 2
+    M = tl.load(mlb, mask=rmask, other=0.0)
+    for cc in tl.static_range(1, NCH):
+        M = tl.maximum(M, tl.load(mlb + cc * 2, mask=rmask, other=0.0))
+    L = tl.zeros(M.shape, tl.float32)
+    for cc in tl.static_range(NCH):
+        L += tl.exp(tl.load(mlb + cc * 2, mask=rmask, other=0.0) - M) * tl.load(mlb + cc * 2 + 1, mask=rmask,
+                                                                                  other=0.0)
+    dc = tl.arange(0, BK)
+    pb = part_ptr + ((rows * NH + h) * NCH)[:, None] * KVL + d0 + dc[None, :]
+    acc = tl.zeros([rows.shape[0], BK], tl.float32)
+    for cc in tl.static_range(NCH):
+        e = tl.exp(tl.load(mlb + cc * 2, mask=rmask, other=0.0) - M)
+        acc += e[:, None] * tl.load(pb + cc * KVL, mask=rmask[:, None], other=0.0)
+    return bf16r(acc / tl.maximum(L, 1e-30)[:, None])

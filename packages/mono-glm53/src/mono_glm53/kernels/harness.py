@@ -316,17 +316,19 @@ def _merge(metrics: dict[str, float], new: dict[str, float]) -> None:
 
 def run_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool = True,
              modes=("staged",), device="cpu", seed: int = 0, nprog: int | None = None,
-             delay: int = 0, weights=None, ks_rule: str = "first", ctxs=None) -> dict[str, float]:
+             delay: int = 0, weights=None, ks_rule: str = "first", ctxs=None,
+             knobs: dict | None = None) -> dict[str, float]:
     """Metrics of every mode in `modes` vs the reference (and fused vs staged when both run).
     `ks_rule`: the kernel's split-K rule (`layer._pick_ks`). `ctxs`: one context length per
-    row (`build_case`; the kernel is built for the longest).
+    row (`build_case`; the kernel is built for the longest). `knobs`: the kernel's
+    measurement knobs (`layer.KNOBS`).
     Mode "fused+delay" is the fused launch with random per-program stage delays; it is
     compared bit for bit with "fused" as glm53_layer.delay_vs_fused.max_abs."""
     c = build_case(s, rows, ctx, indexer, device, seed, weights=weights, ctxs=ctxs)
     ctx = int(c.inputs.max_seq_len) if ctxs is not None else ctx
     r_out, r_caches = reference_out(c)
     k = GlmLayerKernel(s, c.w, width, max_seq_len=ctx, indexer=indexer, nprog=nprog, device=device,
-                       ks_rule=ks_rule)
+                       ks_rule=ks_rule, **(knobs or {}))
     metrics: dict[str, float] = {}
     outs = {}
     for i, mode in enumerate(modes):

@@ -202,6 +202,12 @@ class Plan:
     # where the weights' L2 prefetches are issued when PFN >= 0: a bit a site
     # (`stages.PFS_SITES`; `prefetch_sites`, a knob; 15: start, qb, oproj and down)
     PFS: int = 15
+    # the value projection's tiles combining the MLA chunks of their head themselves, the
+    # combine stage empty and hand-off 14 folded (`wuv_combine`, a knob)
+    WCB: bool = False
+    # the MLA chunks' latent keys loaded once and held for both products, CT tokens a chunk
+    # (`mla_hold`, a knob; mono_common.stages.mla HOLD)
+    HOLD: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -370,6 +376,13 @@ KNOBS = {
                 "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
                 "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
                 "~60 us against the radix stages' 21)",
+    "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
+                   "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
+                   "(sm_90; the same bits; each head combined once per tile of it)",
+    "mla_hold": "Plan.HOLD and CT, the MLA stage's chunks of this many selected tokens (16 or 32; true: 32) with "
+                "their latent keys loaded once and held for both products (mono_common.stages.mla HOLD), where "
+                "the default streams 64-token chunks' keys 64 columns at a time twice (sm_90; the scores as one "
+                "dot may round otherwise: the bits of a build of its own, near the reference as the default's)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -417,9 +430,10 @@ def addnorm_default(isa: str, s: GlmLayerShape, width: int, nprog: int, hb: int)
 
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     """The hand-offs a launch of `plan` does not run, the stages either side of each being one
-    (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6; Plan.SFO: the SiLU
-    in gate_up's stage, hand-off 19); the emptied stage's stamps span ~0."""
-    return ((6,) if plan.TKF else ()) + ((19,) if plan.SFO else ())
+    (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6; Plan.WCB: the MLA
+    combine in the value projection's stage, hand-off 14; Plan.SFO: the SiLU in gate_up's stage,
+    hand-off 19); the emptied stage's stamps span ~0."""
+    return ((6,) if plan.TKF else ()) + ((14,) if plan.WCB else ()) + ((19,) if plan.SFO else ())
 
 
 def _oproj_counters(s: GlmLayerShape, plan: Plan) -> tuple[int, int, int, int, int]:
@@ -558,6 +572,23 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"{CNT_WORDS.value - SLOTC.value}")
         else:
             change["SFO"] = True
+    if k.get("wuv_combine"):
+        if hip:
+            errors.append("wuv_combine is not resource-checked on gfx950: build without it")
+        else:
+            change["WCB"] = True
+    if k.get("mla_hold"):
+        from mono_common.stages.mla import HOLD_KEYS
+
+        ct = 32 if k["mla_hold"] is True else k["mla_hold"]
+        if hip:
+            errors.append("mla_hold is not resource-checked on gfx950: build without it")
+        elif ct not in (16, 32) or ct * s.kv_lora > HOLD_KEYS.value or s.index_topk % ct:
+            errors.append(f"mla_hold {k['mla_hold']!r} is not 16 or 32 tokens a chunk with a chunk's keys "
+                          f"({s.kv_lora} values a token) at most {HOLD_KEYS.value} values and dividing the "
+                          f"top-k {s.index_topk}")
+        else:
+            change.update(HOLD=True, CT=int(ct))
     if k.get("count_in_write"):
         v = _row_tokens("count_in_write", k["count_in_write"], 16, 8192, errors)
         if hip:

@@ -84,6 +84,7 @@ from mono_common.stages.gemv import FMT_FP8, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
+from mono_common.stages.mla import mla_combined_cols
 from mono_common.stages.mla import mla_partial as stage_mla
 from mono_common.stages.moe import fill_slots as _fill_slots
 from mono_common.stages.moe import moe_down as _moe_down
@@ -705,7 +706,11 @@ def _iscore_tile(t, rows, ns, reqs, first, ntl, rtt_ptr, stride_rtt, TB: tl.cons
 @triton.jit
 def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
               W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr,
-              VD: tl.constexpr, VB: tl.constexpr):
+              VD: tl.constexpr, VB: tl.constexpr, part_ptr=None, ml_ptr=None, NCH: tl.constexpr = 0):
+    """ov = attn @ W_UV per head, a tile a (head, VB-column block). NCH > 0 (Plan.WCB, the knob
+    `wuv_combine`): the tile combines the MLA chunks' partials of its head itself
+    (`mla_combined_cols`, the combine stage's bits) instead of reading attn, so the combine
+    stage is empty and its hand-off folded; each of a head's VD / VB tiles combines it again."""
     NVB: tl.constexpr = VD // VB
     rows = tl.arange(0, BM)
     rmask = rows < W
@@ -716,10 +721,19 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
         h = t // NVB
         vb = t % NVB
         acc = tl.zeros([BM, VB], tl.float32)
-        for k0 in range(0, KVL, BK):
-            a = tl.load(attn_ptr + (rows[:, None] * NH + h) * KVL + k0 + kk[None, :], mask=rmask[:, None], other=0.0)
-            w = tl.load(wvc_ptr + h * wvc_s0 + (k0 + kk[:, None]) * wvc_s1 + (vb * VB + vc[None, :]) * wvc_s2)
-            acc += _dot(a.to(tl.bfloat16), w)
+        if NCH > 0:
+            # not software-pipelined: each step's NCH partial loads are already in flight
+            # together, and the pipeliner staged them all in shared memory (516 KB at NCH 64)
+            for k0 in tl.range(0, KVL, BK, num_stages=1):
+                a = mla_combined_cols(part_ptr, ml_ptr, rows, rmask, h, k0, NH, KVL, NCH, BK)
+                w = tl.load(wvc_ptr + h * wvc_s0 + (k0 + kk[:, None]) * wvc_s1 + (vb * VB + vc[None, :]) * wvc_s2)
+                acc += _dot(a.to(tl.bfloat16), w)
+        else:
+            for k0 in range(0, KVL, BK):
+                a = tl.load(attn_ptr + (rows[:, None] * NH + h) * KVL + k0 + kk[None, :], mask=rmask[:, None],
+                            other=0.0)
+                w = tl.load(wvc_ptr + h * wvc_s0 + (k0 + kk[:, None]) * wvc_s1 + (vb * VB + vc[None, :]) * wvc_s2)
+                acc += _dot(a.to(tl.bfloat16), w)
         tl.store(ov_ptr + rows[:, None] * (NH * VD) + h * VD + vb * VB + vc[None, :], _bf16(acc),
                  mask=rmask[:, None])
 
@@ -1381,6 +1395,12 @@ def layer_kernel(
     # where the weights' L2 prefetches are issued (Plan.PFS, bits PFS_*; the knob
     # `prefetch_sites`), when PFN >= 0
     PFS: tl.constexpr = 15,
+    # the value projection combining the MLA chunks itself, the combine stage empty and
+    # hand-off 14 folded (Plan.WCB, a measurement knob: `stage_wuv` NCH)
+    WCB: tl.constexpr = False,
+    # the MLA chunks' latent keys loaded once and held for both products (Plan.HOLD, a
+    # measurement knob: mono_common.stages.mla HOLD)
+    HOLD: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1522,21 +1542,30 @@ def layer_kernel(
                 sel_ptr = _p(row, P.PREV_TOPK, i32)
             stage_mla(pid, nprog, _p(row, P.QABS, f32), _p(row, P.KV_CACHE, bf16), sel_ptr,
                       _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT), _p(row, P.PART, f32),
-                      _p(row, P.ML, f32), _sf(row, P.SM_SCALE), W, NH, KVL, RD, TOPK, CT, HG)
+                      _p(row, P.ML, f32), _sf(row, P.SM_SCALE), W, NH, KVL, RD, TOPK, CT, HG, HOLD)
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
                        CLOCK, FAULT, PADKB if PADS == 13 else 0, SYC)
-        if ok:
+        if ok and not WCB:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
     if FIRST <= 14 and LAST >= 14:
-        if ok:
-            ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                       CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
-        if ok:
-            stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
-                      _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
+        if WCB:
+            # the combine runs in this stage's tiles: stage 13 is empty
+            if ok:
+                ok = _skip(row, 14, pid, FUSED and FIRST < 14, CLOCK)
+            if ok:
+                stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
+                          _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32), _p(row, P.ML, f32),
+                          TOPK // CT)
+        else:
+            if ok:
+                ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
+                           CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
+            if ok:
+                stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
+                          _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
