@@ -355,6 +355,32 @@ def test_mla_hold_meets_the_reference(ct):
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
 
 
+@pytest.mark.parametrize("width,rows", [(2, 2), (4, 3)])
+def test_norm_in_router_norms_in_the_routers_programs_and_gives_the_default_bits(width, rows):
+    """norm_in_router (Plan.NIR): the norm stage writes nothing, the router's programs derive
+    the rows' rstd and h2 themselves and its (row, block) items write res_out and h2. With h2
+    poisoned (NaN) before the step, so a router tile reading it before the items write it
+    would spread NaN, the outputs, the caches and h2 are the default's bits, with a pad row at
+    width 4."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8)
+    c = build_case(s, rows, 40, True, seed=17)
+    got = {}
+    for nir in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=5, device="cpu", norm_in_router=nir)
+        assert k.plan.NIR == nir and k.plan.FIX9 == nir
+        k.h2.fill_(float("nan"))
+        got[nir] = (kernel_out(c, k, "staged"), k.h2[:rows].clone())
+    ((a, ca), ha), ((b, cb), hb) = got[False], got[True]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert torch.equal(ha, hb) and not torch.isnan(hb.float()).any()
+
+
 def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
     """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
     slot's counter back to zero. Three steps in a row, the last from a restart near the stage

@@ -66,6 +66,9 @@ KNOB_SETS = {
     "topk_row": dict(topk_row=True),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded
     "wuv_combine": dict(wuv_combine=True),
+    # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off
+    # 17 folded
+    "norm_in_router": dict(norm_in_router=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

@@ -389,6 +389,29 @@ def test_wuv_combine_folds_hand_off_14_and_mla_hold_sets_the_chunk():
         _with_knobs(hip, s, 264, {"wuv_combine": True, "mla_hold": 16}, hip=True)
 
 
+def test_norm_in_router_folds_hand_off_17_with_one_o_proj_slot_a_row():
+    """norm_in_router sets Plan.NIR (hand-off 17 folded: the norm in the router's programs) and
+    FIX9 (a row is one o_proj slot to read). Refused: beside postnorm_spread, with
+    oproj_fixup False, at a launch of several ranks (its all-reduce form has not run), on
+    gfx950."""
+    from mono_glm53.kernels.layer import _with_knobs, folded_handoffs, isa_options, make_tp_plan
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    nir = _with_knobs(sm, s, 264, {"norm_in_router": True})
+    assert nir.NIR and nir.FIX9 and not sm.NIR and not sm.FIX9 and folded_handoffs(nir) == (6, 17)
+    with pytest.raises(ValueError, match=r"norm_in_router and postnorm_spread both place"):
+        _with_knobs(sm, s, 264, {"norm_in_router": True, "postnorm_spread": True})
+    with pytest.raises(ValueError, match=r"norm_in_router reads one o_proj slot a row \(oproj_fixup\)"):
+        _with_knobs(sm, s, 264, {"norm_in_router": True, "oproj_fixup": False})
+    tp = dataclasses.replace(make_tp_plan(s, 2, True, 264, 8), **isa_options("sm_90", s))
+    with pytest.raises(ValueError, match=r"norm_in_router is built for one rank alone .* its 8-rank"):
+        _with_knobs(tp, s, 264, {"norm_in_router": True})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"norm_in_router is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"norm_in_router": True}, hip=True)
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

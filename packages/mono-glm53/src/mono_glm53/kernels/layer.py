@@ -208,6 +208,10 @@ class Plan:
     # the MLA chunks' latent keys loaded once and held for both products, CT tokens a chunk
     # (`mla_hold`, a knob; mono_common.stages.mla HOLD)
     HOLD: bool = False
+    # the post-attention norm in the router's programs (each derives the rows' rstd and its h2
+    # from the attention output + residual), the norm stage the all-reduce alone and hand-off
+    # 17 folded (`norm_in_router`, a knob)
+    NIR: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -383,6 +387,10 @@ KNOBS = {
                 "their latent keys loaded once and held for both products (mono_common.stages.mla HOLD), where "
                 "the default streams 64-token chunks' keys 64 columns at a time twice (sm_90; the scores as one "
                 "dot may round otherwise: the bits of a build of its own, near the reference as the default's)",
+    "norm_in_router": "Plan.NIR, the post-attention norm in the router's programs: each derives the rows' rstd "
+                      "(a whole-row tile, as the norm stage's) and the h2 it reads, the (row, block) items write "
+                      "res_out and h2; the norm stage is the all-reduce alone and hand-off 17 goes (sm_90; turns "
+                      "oproj_fixup on, so a row is one o_proj slot to read; the same bits)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -431,9 +439,11 @@ def addnorm_default(isa: str, s: GlmLayerShape, width: int, nprog: int, hb: int)
 def folded_handoffs(plan: Plan) -> tuple[int, ...]:
     """The hand-offs a launch of `plan` does not run, the stages either side of each being one
     (Plan.TKF: the first radix pass in the index scores' stage, hand-off 6; Plan.WCB: the MLA
-    combine in the value projection's stage, hand-off 14; Plan.SFO: the SiLU in gate_up's stage,
-    hand-off 19); the emptied stage's stamps span ~0."""
-    return ((6,) if plan.TKF else ()) + ((14,) if plan.WCB else ()) + ((19,) if plan.SFO else ())
+    combine in the value projection's stage, hand-off 14; Plan.NIR: the post-attention norm in
+    the router's stage, hand-off 17; Plan.SFO: the SiLU in gate_up's stage, hand-off 19); the
+    emptied stage's stamps span ~0."""
+    return ((6,) if plan.TKF else ()) + ((14,) if plan.WCB else ()) + ((17,) if plan.NIR else ()) + \
+        ((19,) if plan.SFO else ())
 
 
 def _oproj_counters(s: GlmLayerShape, plan: Plan) -> tuple[int, int, int, int, int]:
@@ -577,6 +587,25 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("wuv_combine is not resource-checked on gfx950: build without it")
         else:
             change["WCB"] = True
+    if k.get("norm_in_router"):
+        if hip:
+            errors.append("norm_in_router is not resource-checked on gfx950: build without it")
+        elif plan.R > 1:
+            errors.append(f"norm_in_router is built for one rank alone (the bench's shard): its {plan.R}-rank "
+                          "all-reduce form has not run on a GPU; build without it")
+        elif k.get("postnorm_spread"):
+            errors.append("norm_in_router and postnorm_spread both place the post-attention norm: name one of them")
+        elif s.hidden > 4 * plan.HB:
+            errors.append(f"norm_in_router takes a row as one [4, {plan.HB}] tile; the hidden size {s.hidden} "
+                          "is wider: build without it")
+        elif k.get("oproj_fixup") is False:
+            errors.append("norm_in_router reads one o_proj slot a row (oproj_fixup): drop oproj_fixup False")
+        else:
+            change.update(NIR=True, FIX9=True)
+            _, room, n, _, _ = _oproj_counters(s, plan)
+            if _cdiv(n, BNS) > room:
+                errors.append(f"norm_in_router's oproj_fixup counts {_cdiv(n, BNS)} column tiles; the counter "
+                              f"buffer holds {room}")
     if k.get("mla_hold"):
         from mono_common.stages.mla import HOLD_KEYS
 

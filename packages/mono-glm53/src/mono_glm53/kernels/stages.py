@@ -81,6 +81,8 @@ from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_FP8, gemv_span
+from mono_common.stages.gemv import FMT_BF16
+from mono_common.stages.gemv import _load_w
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
@@ -785,8 +787,10 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
                    err_ptr, rank, deadline,
                    W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
                    KS9: tl.constexpr, R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
-                   CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0):
+                   CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0, NORM: tl.constexpr = True):
     """TP all-reduce point 1 + residual add + post-attention RMSNorm -> res_out, h2.
+    NORM False (Plan.NIR, the knob `norm_in_router`): the all-reduce alone (R > 1; nothing at
+    R == 1), the norm left to the router's programs (`stage_router_normed`).
 
     R == 1 (one rank, or a shard run alone): the o_proj output is this rank's sum. R > 1:
     every program rounds its ARB-column blocks of the o_proj output to bf16 (the GEMM's
@@ -814,7 +818,9 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             signal(cnt_ptr + STAGE_AR1, 1, False)
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
-    if ok and NC > 0:
+    if not NORM:
+        pass
+    elif ok and NC > 0:
         CB: tl.constexpr = H // NC
         off, cm = _row_as_4_chunks(H, HB)
         cq = tl.arange(0, CB)
@@ -871,6 +877,65 @@ def stage_router(pid, nprog, h2_ptr, wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
         b0 = (i % NB) * BLK
         q, qs = _quant_blocks(tl.load(h2_ptr + m * H + b0 + kb).to(tl.float32), BLK, BLK, HWQ)
         tl.store(h2q_ptr + m * H + b0 + kb, q)
+        tl.store(h2s_ptr + m * NB + b0 // BLK + tl.arange(0, 1), qs)
+
+
+@triton.jit
+def _post_rstd(op_ptr, ar1_ptr, resid1_ptr, m, eps, W: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
+               KSX: tl.constexpr, R: tl.constexpr):
+    """Row m's post-attention RMSNorm rstd as stage_postnorm's whole-row form takes it (the
+    [4, HB] tile of `_row_as_4_chunks`, `_tile_rstd`): the same bits in every program."""
+    off, cm = _row_as_4_chunks(H, HB)
+    return _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KSX, R), H, eps)
+
+
+@triton.jit
+def stage_router_normed(pid, nprog, op_ptr, ar1_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_ptr, eps,
+                        wg_ptr, lg_ptr, h2q_ptr, h2s_ptr,
+                        W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, E: tl.constexpr,
+                        BNR: tl.constexpr, BLK: tl.constexpr, KSR: tl.constexpr, KSX: tl.constexpr,
+                        R: tl.constexpr, HWQ: tl.constexpr):
+    """`stage_router` with the post-attention norm folded in (Plan.NIR, the knob
+    `norm_in_router`): no norm stage wrote h2, so each program derives what it reads from the
+    attention output + residual (this rank's o_proj sum over KSX slots, or the all-reduced row
+    when R > 1) and the rows' rstd (`_post_rstd`, each row's whole-row tile read by every
+    program that needs it). The router tiles are `gemv_tile`'s bf16 x @ w^T with x = h2 made in
+    the loop; the (row, block) items write res_out and h2 beside h2q / h2s. The values are the
+    norm stage's: the same operations in the same order."""
+    T: tl.constexpr = ((E + BNR - 1) // BNR) * KSR
+    NKS: tl.constexpr = H // BLK // KSR
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    kk = tl.arange(0, BLK)
+    if pid < T:
+        rs = tl.zeros([BM], tl.float32)
+        for m in tl.static_range(W):
+            rs = tl.where(rows == m, _post_rstd(op_ptr, ar1_ptr, resid1_ptr, m, eps, W, H, HB, KSX, R), rs)
+        for t in range(pid, T, nprog):
+            cols = (t // KSR) * BNR + tl.arange(0, BNR)
+            cmask = cols < E
+            ks = t % KSR
+            acc = tl.zeros([BM, BNR], tl.float32)
+            for kb in range(ks * NKS, ks * NKS + NKS):
+                w = _load_w(wg_ptr, cols, cmask, kb, H, BLK, FMT_BF16)
+                off = (kb * BLK + kk)[None, :] + 0 * rows[:, None]
+                r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, rows[:, None], off, rmask[:, None] & (off >= 0), W, H,
+                                   KSX, R)
+                x = _rbf(r * rs[:, None] * tl.load(w_post_ptr + kb * BLK + kk).to(tl.float32)[None, :])
+                acc += _dot(x, tl.trans(w.to(tl.bfloat16)))
+            tl.store(lg_ptr + ks * (W * E) + rows[:, None] * E + cols[None, :], acc,
+                     mask=rmask[:, None] & cmask[None, :])
+    NB: tl.constexpr = H // BLK
+    for i in range(nprog - 1 - pid, W * NB, nprog):
+        m = i // NB
+        b0 = (i % NB) * BLK
+        rstd = _post_rstd(op_ptr, ar1_ptr, resid1_ptr, m, eps, W, H, HB, KSX, R)
+        r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, b0 + kk, kk >= 0, W, H, KSX, R)
+        tl.store(res_out_ptr + m * H + b0 + kk, _rbf(r))
+        h2 = _rbf(r * rstd * tl.load(w_post_ptr + b0 + kk).to(tl.float32))
+        tl.store(h2_ptr + m * H + b0 + kk, h2)
+        q, qs = _quant_blocks(h2.to(tl.float32), BLK, BLK, HWQ)
+        tl.store(h2q_ptr + m * H + b0 + kk, q)
         tl.store(h2s_ptr + m * NB + b0 // BLK + tl.arange(0, 1), qs)
 
 
@@ -1401,6 +1466,9 @@ def layer_kernel(
     # the MLA chunks' latent keys loaded once and held for both products (Plan.HOLD, a
     # measurement knob: mono_common.stages.mla HOLD)
     HOLD: tl.constexpr = False,
+    # the post-attention norm in the router's programs, the norm stage the all-reduce alone and
+    # hand-off 17 folded (Plan.NIR, a measurement knob: `stage_router_normed`)
+    NIR: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1584,14 +1652,24 @@ def layer_kernel(
                                 _p(row, P.AP, bf16), _p(row, P.AR1, bf16), _p(row, P.CNT, i32), epoch,
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
-                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC)
+                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR)
     if FIRST <= 17 and LAST >= 17:
-        if ok:
-            ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                       CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
-        if ok:
-            stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
-                         _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
+        if NIR:
+            # the norm runs in this stage's programs: stage 16 is the all-reduce alone
+            if ok:
+                ok = _skip(row, 17, pid, FUSED and FIRST < 17, CLOCK)
+            if ok:
+                stage_router_normed(pid, nprog, _p(row, P.OP, f32), _p(row, P.AR1, bf16), _p(row, P.RESID1, bf16),
+                                    _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16),
+                                    _sf(row, P.EPS), _p(row, P.WG, bf16), _p(row, P.LG, f32), _p(row, P.H2Q, xmoe),
+                                    _p(row, P.H2S, f32), W, BM, H, HB, E, BNR, BLK, KSR, 1 if FIX9 else KS9, R, HWQ)
+        else:
+            if ok:
+                ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
+                           CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
+            if ok:
+                stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
+                             _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
