@@ -80,9 +80,7 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
-from mono_common.stages.gemv import FMT_FP8, gemv_span
-from mono_common.stages.gemv import FMT_BF16
-from mono_common.stages.gemv import _load_w
+from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
