@@ -382,15 +382,20 @@ KNOBS = {
                 "~60 us against the radix stages' 21)",
     "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
                    "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
-                   "(sm_90; the same bits; each head combined once per tile of it)",
+                   "(sm_90; the same bits; each head combined once per tile of it): slower (H100, served TP8 shard, ctx 4096: "
+                   "the layer 157.9 -> 229.3 us at 1 row, the value projection's stage 3.8 -> 79.5 us)",
     "mla_hold": "Plan.HOLD and CT, the MLA stage's chunks of this many selected tokens (16 or 32; true: 32) with "
                 "their latent keys loaded once and held for both products (mono_common.stages.mla HOLD), where "
                 "the default streams 64-token chunks' keys 64 columns at a time twice (sm_90; the scores as one "
-                "dot may round otherwise: the bits of a build of its own, near the reference as the default's)",
+                "dot may round otherwise: the bits of a build of its own, near the reference as the default's): slower "
+                "in the layer (H100, served TP8 shard, ctx 4096: 157.9 -> 170.1 us at 1 row with 32 tokens, the "
+                "combine summing 64 chunks 3.4 -> 5.8 us and the MLA stage 11.0 -> 15.3 us), though faster alone",
     "norm_in_router": "Plan.NIR, the post-attention norm in the router's programs: each derives the rows' rstd "
                       "(a whole-row tile, as the norm stage's) and the h2 it reads, the (row, block) items write "
                       "res_out and h2; the norm stage is the all-reduce alone and hand-off 17 goes (sm_90; turns "
-                      "oproj_fixup on, so a row is one o_proj slot to read; the same bits)",
+                      "oproj_fixup on, so a row is one o_proj slot to read; the same bits): slower (H100, served TP8 "
+                      "shard, ctx 4096: 157.9 -> 159.9 us at 1 row, 279.0 -> 296.6 at 8; the router's stage 4.5 -> "
+                      "14.1 us where the norm's 8.5 went)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
