@@ -343,9 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke test)")
     ap.add_argument("--widths", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--contexts", default=None, help="default 4096,65536 (tiny: 64,256)")
-    ap.add_argument("--shapes", default="tp1,tp8",
+    # the default: what a served GLM-5.x checkpoint launches (its indexer rope interleaved)
+    ap.add_argument("--shapes", default="tp1i,tp8i",
                     help=f"comma list of {', '.join(SHAPE_NAMES)} (an 'i': the GLM-5.x checkpoints' interleaved "
-                         "indexer rope, SGLang's fused indexer path; without: the HF default's, with the Hadamard)")
+                         "indexer rope, SGLang's fused indexer path, the default; without: the HF default's, with "
+                         "the Hadamard)")
     ap.add_argument("--paths", default=None, help="comma list of PATHS names (default all)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--replays", type=int, default=30)
