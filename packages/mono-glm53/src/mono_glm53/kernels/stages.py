@@ -1191,6 +1191,18 @@ def _skip(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
 
 
 @triton.jit
+def _handoff(row, s: tl.constexpr, FOLD: tl.constexpr, epoch, nprog, pid, WAIT: tl.constexpr, NRANK: tl.constexpr,
+             CLOCK: tl.constexpr, FAULT: tl.constexpr, PAD: tl.constexpr, CALL: tl.constexpr):
+    """Hand-off s: `_sync`, or `_skip` where the stages either side of it are one (FOLD: a
+    hand-off of `layer.folded_handoffs`)."""
+    if FOLD:
+        ok = _skip(row, s, pid, WAIT, CLOCK)
+    else:
+        ok = _sync(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, CALL)
+    return ok
+
+
+@triton.jit
 def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
     """Hand-off s that this step needs no wait at (Plan.TKW when no row is longer than it:
     stage s has nothing to do, the next hand-off orders what comes after): release counter
@@ -1617,21 +1629,14 @@ def layer_kernel(
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
     if FIRST <= 14 and LAST >= 14:
-        if WCB:
-            # the combine runs in this stage's tiles: stage 13 is empty
-            if ok:
-                ok = _skip(row, 14, pid, FUSED and FIRST < 14, CLOCK)
-            if ok:
-                stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
-                          _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32), _p(row, P.ML, f32),
-                          TOPK // CT)
-        else:
-            if ok:
-                ok = _sync(row, 14, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                           CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
-            if ok:
-                stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
-                          _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB)
+        # WCB: the combine runs in this stage's tiles (stage 13 is empty)
+        if ok:
+            ok = _handoff(row, 14, WCB, epoch, nprog, pid, FUSED and FIRST < 14, R,
+                          CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
+        if ok:
+            stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
+                      _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32) if WCB else None,
+                      _p(row, P.ML, f32) if WCB else None, TOPK // CT if WCB else 0)
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
@@ -1652,19 +1657,17 @@ def layer_kernel(
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
                                 W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR)
     if FIRST <= 17 and LAST >= 17:
+        # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
+        if ok:
+            ok = _handoff(row, 17, NIR, epoch, nprog, pid, FUSED and FIRST < 17, R,
+                          CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
         if NIR:
-            # the norm runs in this stage's programs: stage 16 is the all-reduce alone
-            if ok:
-                ok = _skip(row, 17, pid, FUSED and FIRST < 17, CLOCK)
             if ok:
                 stage_router_normed(pid, nprog, _p(row, P.OP, f32), _p(row, P.AR1, bf16), _p(row, P.RESID1, bf16),
                                     _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16),
                                     _sf(row, P.EPS), _p(row, P.WG, bf16), _p(row, P.LG, f32), _p(row, P.H2Q, xmoe),
                                     _p(row, P.H2S, f32), W, BM, H, HB, E, BNR, BLK, KSR, 1 if FIX9 else KS9, R, HWQ)
         else:
-            if ok:
-                ok = _sync(row, 17, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                           CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
             if ok:
                 stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                              _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
@@ -1685,14 +1688,11 @@ def layer_kernel(
                          GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
                          _p(row, P.INTERS, f32), BI, HWQ, PFN)
     if FIRST <= 19 and LAST >= 19:
-        if SFO:
-            # the SiLU ran in gate_up (each slot's last tile): this stage is empty
-            if ok:
-                ok = _skip(row, 19, pid, FUSED and FIRST < 19, CLOCK)
-        else:
-            if ok:
-                ok = _sync(row, 19, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                           CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
+        # SFO: the SiLU ran in gate_up (each slot's last tile), this stage is empty
+        if ok:
+            ok = _handoff(row, 19, SFO, epoch, nprog, pid, FUSED and FIRST < 19, R,
+                          CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
+        if not SFO:
             if ok:
                 stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
                            _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
