@@ -53,8 +53,10 @@ def test_every_stage_checks_and_times_its_case(one_call_timer, tmp_path):
     assert hand["us_bar"] == 0.0 and hand["us_launch"] == 10.0 and hand["meets_target"]
     # and the flag hand-off beside it, on the same grid
     assert hand["us_flag"] == 0.0 and hand["meets_target_flag"]
+    # and the split hand-off's forms a CPU can run (the acquire-load ones are NVIDIA's)
+    assert hand["us_forms"] == {"split8": 0.0}
     assert gemv["handoff"] == "counter" and gemvh["handoff"] == "flag" and gemvh["xq"] and gemvh["rel_err"] < 1e-3
-    assert len(one_call_timer) == 2 + 2 + 1 + 2 + 3 + 2 and len(printed) == len(TINY)
+    assert len(one_call_timer) == 2 + 2 + 1 + 2 + 4 + 2 and len(printed) == len(TINY)
     json.dumps(res)  # what main writes
     assert B.summary(res)
     B.plot(res, str(tmp_path / "stages_bench.png"))

@@ -13,7 +13,7 @@ import triton.language as tl  # noqa: E402,F401  (the interpreter finds the lang
 from mono_common.ref.mla import sparse_mla, topk_to_slots  # noqa: E402
 from mono_common.ref.topk import topk_index_order  # noqa: E402
 from mono_common.stages import linked_host as LH  # noqa: E402
-from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, grid_handoff_flag  # noqa: E402
+from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, LINE_WORDS, SPLIT_WORDS, grid_handoff_flag  # noqa: E402
 from mono_common.testing.stage_inputs import mla_inputs  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def test_handoffs_count_the_grid():
 # at once: the interpreter runs programs one after another, so these tests run each program of
 # the grid in its own thread (the hand-off entry reads no program id, only the grid size), and
 # a hand-off that never completes fails the join instead of hanging the run.
-def _threaded_handoffs(bar, n, nprog, flag):
+def _threaded_handoffs(bar, n, nprog, flag, split=0):
     import inspect
     import threading
 
@@ -101,7 +101,7 @@ def _threaded_handoffs(bar, n, nprog, flag):
     program.__signature__ = inspect.signature(real)
     ex.fn = program
     bar.zero_()
-    ex(bar, n, FLAG=flag, AMD=False)
+    ex(bar, n, FLAG=flag, AMD=False, SPLIT=split, LD=False)
     assert not errors, errors
     assert not any(t.is_alive() for t in threads), "a hand-off never completed"
     return bar
@@ -124,6 +124,33 @@ def test_handoffs_between_concurrent_programs(nprog, flag):
     assert bar[0] == n * nprog and bar[1] == 0
     # the flag holds the last target (n hand-offs of nprog arrivals), the counter hand-off leaves it
     assert bar[FLAG_WORD.value] == (n * nprog if flag else 0) and bar[FLAG_WORD.value + 1] == 0
+
+
+# The split hand-off (stages.handoff.grid_handoff_split: the layer's `guard.signal_split` and
+# `guard.wait_ge` polls, here with RMW polls, as the interpreter has no ld.acquire). The
+# interpreter gives every thread the same program id, so the arrivals all land on one of the
+# counters; the waits are on the counters' sum either way.
+@pytest.mark.parametrize("nprog", [2, 5])
+@pytest.mark.parametrize("split", [1, 2, 8])
+def test_split_handoffs_between_concurrent_programs(nprog, split):
+    n = 4
+    bar = _threaded_handoffs(torch.zeros(SPLIT_WORDS, dtype=torch.int32), n, nprog, False, split)
+    counters = bar[: split * LINE_WORDS.value: LINE_WORDS.value]
+    assert int(counters.sum()) == n * nprog and int(bar.abs().sum()) == n * nprog
+
+
+def test_split_handoffs_refuse_what_they_cannot_run():
+    bar = torch.zeros(SPLIT_WORDS, dtype=torch.int32)
+    LH.launch_handoffs(bar, 3, nprog=1, split=8)
+    assert bar[0] == 3 and int(bar.abs().sum()) == 3
+    with pytest.raises(ValueError, match="1..8 counters, not 9"):
+        LH.launch_handoffs(bar, 1, nprog=1, split=9)
+    with pytest.raises(ValueError, match="needs a bar of 258 int32 words, not 64"):
+        LH.launch_handoffs(torch.zeros(BAR_WORDS, dtype=torch.int32), 1, nprog=1, split=8)
+    with pytest.raises(ValueError, match="cannot run them"):
+        LH.launch_handoffs(bar, 1, nprog=1, split=2, ld=True)
+    with pytest.raises(ValueError, match="not both"):
+        LH.launch_handoffs(bar, 1, nprog=1, split=2, flag=True)
 
 
 @triton.jit

@@ -17,7 +17,9 @@ Stages (all by default):
            `guard.poll`, as every entry hands off), at 2 and 1 programs per SM: time per
            hand-off, (launch of N - launch of none) / N, against the 1 us target; beside it
            (us_flag) the same launch with `stages.handoff.grid_handoff_flag` (one arrival RMW,
-           waiters polling a separate flag word with plain loads)
+           waiters polling a separate flag word with plain loads), and (us_forms) with
+           `stages.handoff.grid_handoff_split` (arrivals over 1, 2 or 8 counters, polled with RMWs
+           or, on NVIDIA, with acquire loads: SPLIT_FORMS)
   expert   `mono_common.bench.expert.bench_expert`, imported when this stage runs
 
 A time is the median of CUDA-graph replays of one launch that runs the stage over L input sets
@@ -274,17 +276,28 @@ def _mla_case(torch, dev, job, ceiling, memo):
                 compare=compare)
 
 
+# The split hand-off's forms beside the counter and flag ones: (counters, acquire-load polls)
+SPLIT_FORMS = {"split8": (8, False), "ld": (1, True), "split2ld": (2, True), "split8ld": (8, True)}
+
+
 def _handoff_case(torch, dev, job, ceiling, memo):
-    """Both hand-off forms on one grid: us_bar (`entries.grid_handoff`, every program polling
-    the counter with RMWs) and us_flag (`handoff.grid_handoff_flag`)."""
-    from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD
-    from mono_common.stages.linked_host import launch_handoffs
+    """The hand-off forms on one grid: us_bar (`entries.grid_handoff`, every program polling
+    the counter with RMWs), us_flag (`handoff.grid_handoff_flag`) and us_forms, the split forms
+    of SPLIT_FORMS (`handoff.grid_handoff_split`; the acquire-load ones on NVIDIA devices only)."""
+    from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, LINE_WORDS, SPLIT_WORDS
+    from mono_common.stages.linked_host import _amd, launch_handoffs
 
     (n,) = job.shape
-    bar = torch.zeros(BAR_WORDS, dtype=torch.int32, device=dev)
+    bar = torch.zeros(max(BAR_WORDS, SPLIT_WORDS), dtype=torch.int32, device=dev)
     row = dict(stage="handoff", shape=f"{n}x", rows=None, variant=job.variant, nprog=job.nprog, handoffs=n,
                target_us=HANDOFF_TARGET_US)
     want = n * job.nprog
+    ld_ok = dev.type == "cuda" and not _amd(dev)
+    forms = {k: v for k, v in SPLIT_FORMS.items() if ld_ok or not v[1]}
+
+    def split(name):
+        s, ld = forms[name]
+        return lambda: launch_handoffs(bar, n, job.nprog, split=s, ld=ld)
 
     def compare(got):
         counter, (fcounter, flag) = int(got[0][0]), (int(got[1][0]), int(got[1][FLAG_WORD.value]))
@@ -292,19 +305,28 @@ def _handoff_case(torch, dev, job, ceiling, memo):
             return dict(error=f"counter {counter}, not {want}")
         if (fcounter, flag) != (want, want):
             return dict(error=f"flag hand-off: counter {fcounter}, flag {flag}, not {want}")
+        for name, g in zip(forms, got[2:]):
+            s = forms[name][0]
+            total = int(g[: s * LINE_WORDS.value : LINE_WORDS.value].sum())
+            if total != want or int(g.abs().sum()) != want:
+                return dict(error=f"{name} hand-off: counters sum to {total}, not {want}")
         return dict(check="counter")
 
     def finish(t):
         us = (t["bar"] - t["empty"]) / n
         usf = (t["flag"] - t["empty"]) / n
-        return dict(us_bar=us, us_flag=usf, us_launch=t["empty"], meets_target=us <= HANDOFF_TARGET_US,
+        usx = {name: (t[name] - t["empty"]) / n for name in forms}
+        return dict(us_bar=us, us_flag=usf, us_forms=usx, us_launch=t["empty"], meets_target=us <= HANDOFF_TARGET_US,
                     meets_target_flag=usf <= HANDOFF_TARGET_US)
 
-    return Case(row, n, {"bar": lambda: launch_handoffs(bar, n, job.nprog),
-                         "flag": lambda: launch_handoffs(bar, n, job.nprog, flag=True),
-                         "empty": lambda: launch_handoffs(bar, 0, job.nprog)},
+    timed = {"bar": lambda: launch_handoffs(bar, n, job.nprog),
+             "flag": lambda: launch_handoffs(bar, n, job.nprog, flag=True),
+             "empty": lambda: launch_handoffs(bar, 0, job.nprog)}
+    timed.update({name: split(name) for name in forms})
+    return Case(row, n, timed,
                 run=lambda: (launch_handoffs(bar, n, job.nprog).to("cpu", copy=True),
-                             launch_handoffs(bar, n, job.nprog, flag=True).to("cpu", copy=True)),
+                             launch_handoffs(bar, n, job.nprog, flag=True).to("cpu", copy=True),
+                             *[split(name)().to("cpu", copy=True) for name in forms]),
                 compare=compare, finish=finish)
 
 
@@ -429,6 +451,8 @@ def format_row(r: dict) -> str:
                 f"launch alone {r['us_launch']:.2f} us")
         if "us_flag" in r:
             text += f"; flag hand-off {r['us_flag']:.3f} us ({'met' if r.get('meets_target_flag') else 'NOT met'})"
+        for name, us in r.get("us_forms", {}).items():
+            text += f"; {name} {us:.3f} us"
     else:
         detail = ""
         if "BN" in r:
@@ -476,6 +500,9 @@ def summary(res) -> list[str]:
             if "us_flag" in r:
                 lines.append(f"  flag hand-off on {r['nprog']} programs: {r['us_flag']:.3f} us "
                              f"({'meets' if r.get('meets_target_flag') else 'misses'} the {r['target_us']} us target)")
+            for name, us in r.get("us_forms", {}).items():
+                lines.append(f"  {name} hand-off on {r['nprog']} programs: {us:.3f} us "
+                             f"({'meets' if us <= r['target_us'] else 'misses'} the {r['target_us']} us target)")
     failed = [r for r in res if r.get("error")]
     if failed:
         lines.append(f"{len(failed)} row(s) with an error: " + "; ".join(

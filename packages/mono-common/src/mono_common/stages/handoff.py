@@ -1,5 +1,6 @@
-"""A grid hand-off whose waiters poll a flag with plain loads: the alternative to
-`entries.grid_handoff` that `mono bench stages` times beside it (issue 19; not yet measured).
+"""Grid hand-offs that `mono bench stages` times beside `entries.grid_handoff` (issue 19): one
+whose waiters poll a flag with plain loads (`grid_handoff_flag`), and one whose arrivals are
+spread over S counters that the waiters poll with acquire loads (`grid_handoff_split`).
 
 `entries.grid_handoff` has every program poll the arrival counter with an atomic RMW, and the
 arrivals are RMWs on the same word: RMWs on one address serialise at its L2 slice, so each
@@ -25,8 +26,13 @@ sc0 sc1 (past the CU's cache). NVIDIA must not have it: ptxas refuses `.volatile
 import triton
 import triton.language as tl
 
+from mono_common.device.guard import poll_distance, signal_split
+
 FLAG_WORD = tl.constexpr(32)  # 128 bytes past the counter
 BAR_WORDS = 64  # int32 words of a bar buffer that either hand-off can use
+LINE_WORDS = tl.constexpr(32)  # int32 words of a 128-byte line: one split counter a line
+SPLIT_MAX = 8  # counters `grid_handoff_split` spreads the arrivals over, at most
+SPLIT_WORDS = SPLIT_MAX * 32 + 32  # int32 words of a bar buffer for `grid_handoff_split` (and its abort word)
 
 
 @triton.jit
@@ -75,4 +81,25 @@ def grid_handoff_flag(bar_ptr, target, AMD: tl.constexpr = False):
     # itself, but it only leaves on the target and the loop holds no barrier, so warps that
     # see it at different times cannot pair barriers across code. Here every warp leaves
     # together, and the threads that did not make the acquire read order their reads after it.
+    tl.debug_barrier()
+
+
+@triton.jit
+def grid_handoff_split(pid, bar_ptr, target, S: tl.constexpr, LD: tl.constexpr):
+    """The layer's hand-off (`guard.signal_split` then `guard.wait_ge`'s polls) without its
+    deadline: program pid arrives on counter pid % S (a release add; counter j at word j *
+    LINE_WORDS of bar_ptr, its own 128-byte line, so the S counters' RMWs queue at different
+    L2 slices), then polls the S counters (acquire loads when LD, sm_90; RMWs otherwise) until
+    their sum reaches `target` (modulo 2**32), each poll one value for the program. The abort
+    lanes read word LINE_WORDS * S, which stays zero. Targets as `grid_handoff`'s (the k-th
+    hand-off of a launch on nprog programs: k * nprog). bar_ptr holds S * LINE_WORDS + 2 words,
+    zero at launch."""
+    NL: tl.constexpr = 2 if S == 1 else (4 if S <= 3 else (8 if S <= 7 else 16))  # as guard.wait_ge's
+    lane = tl.arange(0, NL)
+    tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
+    signal_split(bar_ptr, pid, S, LINE_WORDS, False)
+    ptrs = tl.where(lane < S, bar_ptr + lane * LINE_WORDS, bar_ptr + S * LINE_WORDS)
+    d, ab = poll_distance(ptrs, lane, tgt, False, LD, S)
+    while d < 0:
+        d, ab = poll_distance(ptrs, lane, tgt, False, LD, S)
     tl.debug_barrier()

@@ -3,7 +3,7 @@
     topk = run_topk_linked(scores [W, n] fp32, seqlen [W] int32, k, nprog)   # [W, k] int32
     attn = run_mla(MlaPlan(W, NH, KVL, RD, TOPK), qabs, kv [S, KVL + RD] bf16, topk, req, rtt,
                    sm_scale, nprog, linked=False)                             # [W, NH, KVL] bf16
-    launch_handoffs(bar, n, nprog, flag=False)
+    launch_handoffs(bar, n, nprog, flag=False, split=0, ld=False)
 For timing, `topk_buffers` / `launch_topk_linked` and `mla_buffers` / `launch_mla` take L sets
 ([L, W, n] scores, [L, S, D] caches) with buffers made once. A launch that hands off zeroes its
 hand-off counter first (a memset before the kernel, captured with it in a graph) and is
@@ -139,15 +139,26 @@ def run_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, nprog: int
     return bufs["attn"].clone()
 
 
-def launch_handoffs(bar, n: int, nprog: int, flag: bool = False):
+def launch_handoffs(bar, n: int, nprog: int, flag: bool = False, split: int = 0, ld: bool = False):
     """One launch of n back-to-back grid hand-offs over nprog programs: `entries.grid_handoff`,
     or with flag `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words, the counter
-    at 0 and the flag at handoff.FLAG_WORD)."""
-    from mono_common.stages.handoff import BAR_WORDS
+    at 0 and the flag at handoff.FLAG_WORD), or with split >= 1 `handoff.grid_handoff_split`
+    over that many counters (bar: split * handoff.LINE_WORDS + 2 words), polled with acquire loads
+    when ld (an NVIDIA device only: `handoff.load_acquire`)."""
+    from mono_common.stages.handoff import BAR_WORDS, LINE_WORDS, SPLIT_MAX
     from mono_common.stages.linked_entries import handoff_entry
 
+    if flag and split:
+        raise ValueError("a hand-off is the flag form or the split form, not both")
     if flag and bar.numel() < BAR_WORDS:
         raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
+    if split and not 1 <= split <= SPLIT_MAX:
+        raise ValueError(f"the split hand-off spreads arrivals over 1..{SPLIT_MAX} counters, not {split}")
+    if split and bar.numel() < split * LINE_WORDS.value + 2:
+        raise ValueError(f"the split hand-off over {split} counters needs a bar of {split * LINE_WORDS.value + 2} "
+                         f"int32 words, not {bar.numel()}")
+    if ld and (bar.device.type != "cuda" or _amd(bar.device)):
+        raise ValueError(f"acquire-load polls are sm_90 inline assembly: {bar.device} cannot run them")
     bar.zero_()
-    handoff_entry[(nprog,)](bar, n, FLAG=flag, AMD=_amd(bar.device), **_coop(bar.device))
+    handoff_entry[(nprog,)](bar, n, FLAG=flag, AMD=_amd(bar.device), SPLIT=split, LD=ld, **_coop(bar.device))
     return bar

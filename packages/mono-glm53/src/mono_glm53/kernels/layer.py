@@ -212,6 +212,12 @@ class Plan:
     # from the attention output + residual), the norm stage the all-reduce alone and hand-off
     # 17 folded (`norm_in_router`, a knob)
     NIR: bool = False
+    # the hand-offs' waits polling their counter and the abort flag with acquire loads, each
+    # thread its own, not with a broadcast RMW (`handoff_loads`, a knob; guard.wait_ge LD)
+    PLD: bool = False
+    # the hand-offs' arrivals spread over HS counters a line apart, program p on counter p % HS
+    # (`handoff_split`, a knob; 1: one counter, every arrival and poll on its word)
+    HS: int = 1
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -396,6 +402,13 @@ KNOBS = {
                       "oproj_fixup on, so a row is one o_proj slot to read; the same bits): slower (H100, served TP8 "
                       "shard, ctx 4096: 157.9 -> 159.9 us at 1 row, 279.0 -> 296.6 at 8; the router's stage 4.5 -> "
                       "14.1 us where the norm's 8.5 went)",
+    "handoff_loads": "Plan.PLD, every hand-off's wait polling its counter (and the abort flag) with acquire "
+                     "loads by each thread, reduced to one value for the program through shared memory, not with "
+                     "an RMW whose result is broadcast: reads of one word do not queue at its L2 slice behind "
+                     "each other and the arrivals, as RMWs do (sm_90; the same bits)",
+    "handoff_split": "Plan.HS, every hand-off's arrivals spread over this many counters (2..8) a 128-byte line "
+                     "apart, program p arriving on counter p % n, the wait polling their sum (sm_90; the same "
+                     "bits)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -638,6 +651,21 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         change["ANC"] = _row_chunks("norm_spread", s, plan, nprog, errors)
     elif "norm_spread" in k:
         change["ANC"] = 0
+    if k.get("handoff_loads"):
+        if hip:
+            errors.append("handoff_loads is sm_90's ld.acquire: on gfx950 build without it")
+        else:
+            change["PLD"] = True
+    if k.get("handoff_split") is not None and k["handoff_split"] is not False:
+        from mono_glm53.kernels.stages import HS_MAX
+
+        hs = k["handoff_split"]
+        if hip:
+            errors.append("handoff_split is not resource-checked on gfx950: build without it")
+        elif isinstance(hs, bool) or not isinstance(hs, int) or not 1 <= hs <= HS_MAX:
+            errors.append(f"handoff_split {hs!r} is not a count of counters in 1..{HS_MAX}")
+        else:
+            change["HS"] = hs
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -1087,6 +1115,14 @@ class GlmLayerKernel:
         from mono_glm53.kernels.stages import SLOTC
 
         self.cnt[SLOTC.value:] = 0
+        # a hand-off's split counters (Plan.HS) hold epoch times the programs arriving on each
+        if self.plan.HS > 1:
+            from mono_glm53.kernels.stages import HLINE, NSTAGES, SPLITC
+
+            hs = self.plan.HS
+            for j in range(hs):
+                at = SPLITC.value + j * HLINE.value
+                self.cnt[at: at + NSTAGES - 1] = wrap(epoch * len(range(j, self.nprog, hs)))
         # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
         if self.plan.FIX9:
             base, _, n, k, per = _oproj_counters(self.s, self.plan)

@@ -78,7 +78,7 @@ import triton.language as tl
 
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
-from mono_common.device.guard import signal, wait_ge
+from mono_common.device.guard import signal, signal_split, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
@@ -143,8 +143,13 @@ FIXOP = tl.constexpr(64)
 # the MoE slots' gate_up tile counters (Plan.SFO: the SiLU folded into gate_up), one word a
 # slot from here, up to 128 slots; zero between launches
 SLOTC = tl.constexpr(192)
+# the hand-offs' split counters (Plan.HS > 1: `_hand_cnt`): counter j of hand-off s at SPLITC
+# + j * HLINE + s - 1, one 128-byte line per j, up to HS_MAX lines
+SPLITC = tl.constexpr(320)
+HLINE = tl.constexpr(32)
+HS_MAX = 8
 # the counter buffer's words (GlmLayerKernel.cnt)
-CNT_WORDS = tl.constexpr(320)
+CNT_WORDS = tl.constexpr(320 + 8 * 32)
 # Where a fused launch requests its own weights into the L2 (Plan.PFS, a bit each; sm_90 with
 # PFN >= 0): at its start (q_a/kv_a and the index wk / weights_proj), after q_a/kv_a (q_b and
 # the index wq_b), after absorb or else after the index scores (o_proj, the router, the shared
@@ -1101,26 +1106,40 @@ def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
 @triton.jit
 def _sync(row, s, epoch, nprog, pid,
           WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-          PAD: tl.constexpr = 0, CALL: tl.constexpr = False):
-    """`_sync_now` inlined, or (CALL, sm_90: Plan.SYC, a measurement knob) as a call of one
-    copy of it for every hand-off, its stage a runtime value (`_sync_call`)."""
-    if CALL and CLOCK == 0:
-        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+          PAD: tl.constexpr = 0, CALL: tl.constexpr = 0):
+    """`_sync_now` inlined, or (CALL bit 0, sm_90: Plan.SYC, a measurement knob) as a call of
+    one copy of it for every hand-off, its stage a runtime value (`_sync_call`). CALL is the
+    hand-off's form (layer_kernel's HF): bit 0 the call, bit 1 acquire-load polls (Plan.PLD),
+    CALL // 16 the counters a hand-off's arrivals are spread over (Plan.HS; 0 or 1: one)."""
+    if CALL % 2 == 1 and CLOCK == 0:
+        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD,
+                        CALL - CALL % 2)
     else:
-        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, CALL)
     return ok
 
 
 @triton.jit(noinline=True)
 def _sync_call(row, s, epoch, nprog, pid, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
-               FAULT: tl.constexpr, PAD: tl.constexpr):
-    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+               FAULT: tl.constexpr, PAD: tl.constexpr, FORM: tl.constexpr):
+    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, FORM)
+
+
+@triton.jit
+def _hand_cnt(cnt_ptr, s, FORM: tl.constexpr):
+    """Hand-off s's counter: word s - 1 of the counter buffer, or (FORM // 16 > 1: Plan.HS)
+    the first of its split counters, SPLITC + s - 1, the others a line (HLINE words) apart."""
+    if FORM // 16 > 1:
+        c = cnt_ptr + SPLITC + (s - 1)
+    else:
+        c = cnt_ptr + (s - 1)
+    return c
 
 
 @triton.jit
 def _sync_now(row, s, epoch, nprog, pid,
               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-              PAD: tl.constexpr = 0):
+              PAD: tl.constexpr = 0, FORM: tl.constexpr = 0):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
@@ -1133,7 +1152,10 @@ def _sync_now(row, s, epoch, nprog, pid,
     MONO_GLM53_FAULT): every other program's wait on this hand-off must expire.
 
     PAD != 0 (the fused launch only; Plan.PADKB, a measurement probe): every program runs
-    `_code_pad` of |PAD| KB after passing the hand-off, before stage s."""
+    `_code_pad` of |PAD| KB after passing the hand-off, before stage s. FORM (sm_90, `_sync`'s
+    CALL less the call bit): bit 1 the wait polls with acquire loads (Plan.PLD; sm_90's clock
+    only: the interpreter polls with RMWs), FORM // 16 > 1
+    the arrivals spread over that many counters (Plan.HS, `_hand_cnt`; guard.signal_split)."""
     # sm_90: the table words the hand-off reads are loaded first, before any branch on one of
     # them: the loads are independent, so they cost one memory latency together, not one each
     # (read one by one, each behind the branch on the one before, ~2 us a hand-off). gfx950
@@ -1160,10 +1182,11 @@ def _sync_now(row, s, epoch, nprog, pid,
             _delay(pid, epoch, s, delay, CLOCK)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s, now(CLOCK))
-        signal(cnt_ptr + (s - 1), 1, False)
+        HSN: tl.constexpr = max(1, FORM // 16)
+        signal_split(_hand_cnt(cnt_ptr, s, FORM), pid, HSN, HLINE, False)
         if WAIT:
-            ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                         s, deadline, NRANK, CLOCK, FAULT, False)
+            ok = wait_ge(_hand_cnt(cnt_ptr, s, FORM), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                         s, deadline, NRANK, CLOCK, FAULT, False, FORM // 2 % 2 == 1 and CLOCK == 0, HSN, HLINE)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
             if PAD != 0:
@@ -1203,14 +1226,14 @@ def _handoff(row, s: tl.constexpr, FOLD: tl.constexpr, epoch, nprog, pid, WAIT: 
 
 
 @triton.jit
-def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
+def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr, FORM: tl.constexpr = 0):
     """Hand-off s that this step needs no wait at (Plan.TKW when no row is longer than it:
     stage s has nothing to do, the next hand-off orders what comes after): release counter
     s - 1 as `_sync` does, so its targets stay in step for the steps that wait there, but do
-    not wait. Stamps and the injected fault as `_skip`."""
+    not wait. Stamps and the injected fault as `_skip`. FORM: `_sync_now`'s (its split counters)."""
     ok = _skip(row, s, pid, WAIT, CLOCK)
     if ok:
-        signal(_p(row, P.CNT, tl.int32) + (s - 1), 1, False)
+        signal_split(_hand_cnt(_p(row, P.CNT, tl.int32), s, FORM), pid, max(1, FORM // 16), HLINE, False)
     return ok
 
 
@@ -1340,7 +1363,7 @@ def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
         if TKW > 0 and INDEXER:
             if ok:
                 if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
-                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
+                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK, SYC)
                 else:
                     ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
                                      PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW, TKP)
@@ -1379,7 +1402,7 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
     for s in tl.static_range(8, 12):
         if FIRST <= s and LAST >= s:
             if ok:
-                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
+                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK, SYC)
     return ok
 
 
@@ -1479,9 +1502,15 @@ def layer_kernel(
     # the post-attention norm in the router's programs, the norm stage the all-reduce alone and
     # hand-off 17 folded (Plan.NIR, a measurement knob: `stage_router_normed`)
     NIR: tl.constexpr = False,
+    # the hand-offs' waits polling with acquire loads, not RMWs (Plan.PLD, a measurement knob:
+    # guard.wait_ge LD), and their arrivals spread over HS counters a line apart (Plan.HS, a
+    # measurement knob; 1: one counter: `_hand_cnt`)
+    PLD: tl.constexpr = False, HS: tl.constexpr = 1,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
+    # the hand-offs' form (`_sync` CALL): the call bit, the load-poll bit, the split counters
+    HF: tl.constexpr = (1 if SYC else 0) + (2 if PLD else 0) + 16 * HS
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     row = ptab
@@ -1535,7 +1564,7 @@ def layer_kernel(
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ, ANC)
     if FIRST <= 1 and LAST >= 1:
-        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SYC)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, HF)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
@@ -1548,14 +1577,14 @@ def layer_kernel(
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
-                       CLOCK, FAULT, PADKB if PADS == 2 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 2 else 0, HF)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
-                       CLOCK, FAULT, PADKB if PADS == 3 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 3 else 0, HF)
         if ok:
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
@@ -1564,7 +1593,7 @@ def layer_kernel(
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
-                       CLOCK, FAULT, PADKB if PADS == 4 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 4 else 0, HF)
         if ok:
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
@@ -1579,7 +1608,7 @@ def layer_kernel(
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
-                       CLOCK, FAULT, PADKB if PADS == 5 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 5 else 0, HF)
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
@@ -1595,19 +1624,19 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
-            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, HF)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                              TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
+                              TKF, TKL, TKW, TKP, PADS, PADKB, HF)
     else:
         # a build without TKR compiles no row path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                          TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
+                          TKF, TKL, TKW, TKP, PADS, PADKB, HF)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
-                       CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 12 else 0, HF)
         if NXS == 12 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1624,7 +1653,7 @@ def layer_kernel(
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
-                       CLOCK, FAULT, PADKB if PADS == 13 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 13 else 0, HF)
         if ok and not WCB:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
@@ -1632,7 +1661,7 @@ def layer_kernel(
         # WCB: the combine runs in this stage's tiles (stage 13 is empty)
         if ok:
             ok = _handoff(row, 14, WCB, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                          CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 14 else 0, HF)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32) if WCB else None,
@@ -1640,7 +1669,7 @@ def layer_kernel(
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
-                       CLOCK, FAULT, PADKB if PADS == 15 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 15 else 0, HF)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
@@ -1648,7 +1677,7 @@ def layer_kernel(
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
-                       CLOCK, FAULT, PADKB if PADS == 16 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 16 else 0, HF)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
                                 _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
@@ -1660,7 +1689,7 @@ def layer_kernel(
         # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
         if ok:
             ok = _handoff(row, 17, NIR, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                          CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 17 else 0, HF)
         if NIR:
             if ok:
                 stage_router_normed(pid, nprog, _p(row, P.OP, f32), _p(row, P.AR1, bf16), _p(row, P.RESID1, bf16),
@@ -1674,7 +1703,7 @@ def layer_kernel(
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
-                       CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 18 else 0, HF)
         if NXS == 18 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1691,7 +1720,7 @@ def layer_kernel(
         # SFO: the SiLU ran in gate_up (each slot's last tile), this stage is empty
         if ok:
             ok = _handoff(row, 19, SFO, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                          CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 19 else 0, HF)
         if not SFO:
             if ok:
                 stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
@@ -1699,7 +1728,7 @@ def layer_kernel(
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
-                       CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 20 else 0, HF)
         if NXS == 20 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
