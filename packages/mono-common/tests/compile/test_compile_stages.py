@@ -170,6 +170,33 @@ def test_linked_entries_compile_without_spills(target, name, entry, sig, variant
         assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
 
 
+def _resident_without_spills(fn, sig, ce, target, record_property, label):
+    """A hand-off entry compiled as the bench launches it (4 warps, 16-byte aligned pointers),
+    its resources recorded: no spills, and the launch's programs resident."""
+    res = cc.compile_kernel(fn, sig, ce, target, num_warps=4, pointer_align=16, num_stages=STAGES[target],
+                            amd_buffer_ops=False)
+    record_property("resources", f"{label}: {cc.format_resources(res)}")
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+    return res
+
+
+# The split hand-off (stages.handoff.grid_handoff_split, a bench form): its RMW polls on both
+# ISAs, and on sm_90 its acquire-load polls, which must stay inside the poll loop.
+@pytest.mark.parametrize("target,split,ld", [("sm_90", 8, True), ("sm_90", 1, True), ("sm_90", 8, False),
+                                             ("gfx950", 8, False)])
+def test_split_handoff_compiles_without_spills(target, split, ld, record_property):
+    from mono_common.stages import linked_entries
+
+    res = _resident_without_spills(linked_entries.handoff_entry, {"bar_ptr": "*i32", "N": "i32"},
+                                   dict(SPLIT=split, LD=ld, AMD=target == "gfx950"), target, record_property,
+                                   f"handoff split {split} ld {ld}")
+    if ld:
+        ptx = res.asm["ptx"]
+        # before the poll loop and inside it
+        assert ptx.count("ld.acquire.gpu.global.b32") >= 2, "the acquire-load poll left the loop"
+
+
 # The flag hand-off (stages.handoff.grid_handoff_flag, a bench variant beside grid_handoff):
 # alone N times and after each weight set of the layer's GEMV form. Its waiters poll with plain
 # loads that must stay inside the poll loop: gfx950 needs the ".cv" form (AMD=True), without
@@ -186,11 +213,7 @@ def test_flag_handoff_compiles_without_spills(target, entry, record_property):
         fn, sig = gemv_entry, GEMV_SIG
         ce = dict(N=6144, K=6144, W=1, BM=16, BN=128, BLK=128, KS=1, PER=4, SLOTS=8, SPAN=True, FMT=1, XQ=True,
                   PRE=False, DOT=2, BAR=2, AMD=amd)
-    res = cc.compile_kernel(fn, sig, ce, target, num_warps=4, pointer_align=16, num_stages=STAGES[target],
-                            amd_buffer_ops=False)
-    record_property("resources", f"{entry} flag: {cc.format_resources(res)}")
-    assert res.spills == 0, cc.format_resources(res)
-    assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
+    res = _resident_without_spills(fn, sig, ce, target, record_property, f"{entry} flag")
     if amd:
         text = res.asm["amdgcn"]
         # the poll's load (bypassing the CU's cache) before the loop and inside it

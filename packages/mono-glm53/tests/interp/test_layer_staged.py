@@ -381,6 +381,33 @@ def test_norm_in_router_norms_in_the_routers_programs_and_gives_the_default_bits
     assert torch.equal(ha, hb) and not torch.isnan(hb.float()).any()
 
 
+@pytest.mark.parametrize("width,rows,nprog", [(2, 2, 5), (8, 7, 5)])
+def test_absorb_gather_sums_q_nope_once_a_tile_and_gives_the_default_bits(width, rows, nprog):
+    """absorb_gather (Plan.ABG): each absorption tile sums q_nope's q_b partial slots once for
+    all its chunks into its scratch rows (3 slots: one group of 3 at width 2, a group of 2 and
+    a remainder of 1 at width 8), and the q_pe RoPE items are tiles of their own after the
+    index tiles. With q_abs poisoned (NaN) before the step, so a RoPE item or an absorption
+    block left unwritten would spread NaN, the outputs and caches are the default's bits, with
+    a pad row at width 8."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8)
+    c = build_case(s, rows, 40, True, seed=23)
+    got = {}
+    for abg in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", absorb_gather=abg)
+        assert k.plan.ABG == abg and k.plan.KS3 == 3
+        k.qabs.fill_(float("nan"))
+        got[abg] = (kernel_out(c, k, "staged"), k.qabs[:rows].clone())
+    ((a, ca), qa), ((b, cb), qb) = got[False], got[True]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert torch.equal(qa, qb) and not torch.isnan(qb.float()).any()
+
+
 def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
     """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
     slot's counter back to zero. Three steps in a row, the last from a restart near the stage

@@ -69,11 +69,9 @@ KNOB_SETS = {
     # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off
     # 17 folded
     "norm_in_router": dict(norm_in_router=True),
-    # every hand-off's wait polling with acquire loads; and its arrivals over 8 counters beside
-    # that; and over 4 counters with the hand-offs a call (the radix passes' runtime stage)
-    "handoff_loads": dict(handoff_loads=True),
-    "handoff_split": dict(handoff_split=8, handoff_loads=True),
-    "handoff_split_call": dict(handoff_split=4, sync_call=True, radix_loop=True),
+    # the absorption tiles summing q_nope once for all their chunks, the q_pe RoPE items tiles of
+    # their own
+    "absorb_gather": dict(absorb_gather=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

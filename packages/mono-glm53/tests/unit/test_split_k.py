@@ -412,30 +412,23 @@ def test_norm_in_router_folds_hand_off_17_with_one_o_proj_slot_a_row():
         _with_knobs(hip, s, 264, {"norm_in_router": True}, hip=True)
 
 
-def test_handoff_knobs_set_the_poll_form_and_the_split_counters():
-    """handoff_loads sets Plan.PLD (acquire-load polls), handoff_split Plan.HS (arrivals over n
-    counters, 1..HS_MAX); neither folds a hand-off. Refused: a split outside 1..8 or not a
-    count, and both on gfx950 (ld.acquire is sm_90's; the split is not resource-checked
-    there), every refusal at once."""
+def test_absorb_gather_sets_its_plan_and_refuses_what_it_cannot_build():
+    """absorb_gather sets Plan.ABG (no hand-off folded, the default's tiles otherwise); refused
+    on gfx950 (not resource-checked there) and where q_nope is not at most 4 blocks of 256
+    columns at most."""
     from mono_glm53.kernels.layer import _with_knobs, folded_handoffs, isa_options
-    from mono_glm53.kernels.stages import CNT_WORDS, HLINE, HS_MAX, NSTAGES, SPLITC
 
     s = REAL.tp_shard(8, 0)
     sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
-    assert not sm.PLD and sm.HS == 1
-    p = _with_knobs(sm, s, 264, {"handoff_loads": True, "handoff_split": 8})
-    assert p.PLD and p.HS == 8 and folded_handoffs(p) == folded_handoffs(sm)
-    assert _with_knobs(sm, s, 264, {"handoff_split": 1}).HS == 1
-    assert not _with_knobs(sm, s, 264, {"handoff_loads": False, "handoff_split": False}).PLD
-    # the split counters fit the counter buffer: HS_MAX lines of the stage hand-offs' words
-    assert SPLITC.value + (HS_MAX - 1) * HLINE.value + NSTAGES - 1 <= CNT_WORDS.value and NSTAGES - 1 <= HLINE.value
-    for bad in (0, 9, True, 2.0):
-        with pytest.raises(ValueError, match=rf"handoff_split {bad!r} is not a count of counters in 1..8"):
-            _with_knobs(sm, s, 264, {"handoff_split": bad})
+    p = _with_knobs(sm, s, 264, {"absorb_gather": True})
+    assert p.ABG and not sm.ABG and folded_handoffs(p) == folded_handoffs(sm)
+    assert dataclasses.replace(p, ABG=False) == sm
+    wide = dataclasses.replace(s, qk_nope=320)
+    with pytest.raises(ValueError, match=r"absorb_gather takes q_nope \(320\) in at most 4 blocks of 64"):
+        _with_knobs(sm, wide, 264, {"absorb_gather": True})
     hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
-    with pytest.raises(ValueError, match=r"handoff_loads is sm_90's ld.acquire: on gfx950 build without it; "
-                                         r"handoff_split is not resource-checked on gfx950"):
-        _with_knobs(hip, s, 264, {"handoff_loads": True, "handoff_split": 2}, hip=True)
+    with pytest.raises(ValueError, match=r"absorb_gather is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"absorb_gather": True}, hip=True)
 
 
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():

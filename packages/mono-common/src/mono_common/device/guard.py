@@ -39,7 +39,7 @@ for epoch counters at any launch count. Pointers must be 4-byte aligned int32 wo
 import triton
 import triton.language as tl
 
-from mono_common.device.timer import PROGRAM_LANES, now, program_elapsed, program_now
+from mono_common.device.timer import now, program_elapsed, program_now
 
 # Error-word slots and codes: the numbers of mono_common.errors (a unit test keeps them equal).
 _STATE = tl.constexpr(0)
@@ -64,25 +64,6 @@ def poll(ptrs, SYS: tl.constexpr):
         v = tl.atomic_add(ptrs, zero, sem="acquire", scope="sys")
     else:
         v = tl.atomic_add(ptrs, zero, sem="acquire", scope="gpu")
-    return v
-
-
-@triton.jit
-def load_acquire(ptrs, SYS: tl.constexpr, LD: tl.constexpr):
-    """The int32 at each pointer of `ptrs`, read with acquire semantics. LD (sm_90 only): by
-    every thread for itself with a plain load (`ld.acquire`, no read-modify-write: polls of
-    one word do not queue at its L2 slice as RMWs do, behind each other and the arrivals);
-    otherwise `poll` (one atomic per distinct address, its result broadcast)."""
-    if LD:
-        addr = ptrs.to(tl.pointer_type(tl.int32)).to(tl.int64, bitcast=True)
-        if SYS:
-            v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [addr],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-        else:
-            v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr],
-                                          dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        v = poll(ptrs, SYS)
     return v
 
 
@@ -247,78 +228,38 @@ def _stop_stamp(start, waited, CLOCK: tl.constexpr):
 
 
 @triton.jit
-def poll_distance(ptrs, lane, tgt, SYS: tl.constexpr, LD: tl.constexpr, S: tl.constexpr):
-    """One poll of `wait_ge` (ptrs: a power of two of lanes, at least S + 1, the first S the
-    counters, the rest the abort flag; tgt an int32): (how far the counters' sum is past the target, the abort flag),
-    each one value for the program. S == 1 without LD: lane 0 the counter, lane 1 the flag, in
-    one broadcast atomic. LD: each thread's own acquire loads, then the smallest distance and
-    the largest flag any warp saw through shared memory (distances, not sums: a minimum of
-    sums would compare across the 2**31 wrap)."""
-    if S == 1 and not LD:
-        v = poll(ptrs, SYS)
-        d = tl.sum(tl.where(lane == 0, v, 0), 0) - tgt
-        ab = tl.sum(tl.where(lane == 1, v, 0), 0)
-    else:
-        v = load_acquire(ptrs, SYS, LD)
-        d = tl.sum(tl.where(lane < S, v, 0), 0) - tgt
-        ab = tl.max(tl.where(lane >= S, v, 0), 0)
-        if LD:
-            d = tl.min(tl.full([PROGRAM_LANES], 0, tl.int32) + d, 0)
-            ab = tl.max(tl.full([PROGRAM_LANES], 0, tl.int32) + ab, 0)
-    return d, ab
-
-
-@triton.jit
 def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
-            NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr,
-            LD: tl.constexpr = False, S: tl.constexpr = 1, STRIDE: tl.constexpr = 32):
+            NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
     """Wait until the int32 counter at `cnt_ptr` reaches `target` (modulo 2**32: cnt - target
     >= 0 in int32).
-
-    S > 1: the count is spread over S counters, cnt_ptr + j * STRIDE for j < S (arrivals split
-    among them: `signal_split`), and the wait is for their sum; the counters only grow, so a
-    sum of values read at different moments that reaches the target means every arrival
-    happened. LD (sm_90): the polls are acquire loads (`load_acquire`), not RMWs.
 
     Returns True when reached; False after a timeout or the abort flag (error word written,
     abort raised, and with FAULT the process is already dying). Every warp of the program
     returns the same value after the same number of polls."""
-    # S counter lanes and at least one abort lane, a power of two
-    NL: tl.constexpr = 2 if S == 1 else (4 if S <= 3 else (8 if S <= 7 else 16))
-    lane = tl.arange(0, NL)
+    lane = tl.arange(0, 2)
     tgt = wrap32(target)
-    # One poll reads the counters and the abort flag together; its result is one value for the
-    # program (`poll_distance`), so the loop's branches are program-wide.
-    if S == 1:
-        ptrs = tl.where(lane == 0, cnt_ptr, abort_ptr)
-    else:
-        ptrs = tl.where(lane < S, cnt_ptr + lane * STRIDE, abort_ptr)
+    # One 2-lane atomic reads the counter and the abort flag together; its result reaches every
+    # warp through shared memory, so cur and ab are program values.
+    ptrs = tl.where(lane == 0, cnt_ptr, abort_ptr)
     start = program_now(CLOCK)
-    d, ab = poll_distance(ptrs, lane, tgt, SYS, LD, S)
+    v = poll(ptrs, SYS)
+    cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+    ab = tl.sum(tl.where(lane == 1, v, 0), 0)
     iters = 0
     waited = tl.full([], 0, tl.int64)
-    while (d < 0) & (ab == 0) & (waited < deadline):
-        d, ab = poll_distance(ptrs, lane, tgt, SYS, LD, S)
+    while ((cur - tgt) < 0) & (ab == 0) & (waited < deadline):
+        v = poll(ptrs, SYS)
+        cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+        ab = tl.sum(tl.where(lane == 1, v, 0), 0)
         iters += 1
         waited = _waited(waited, start, iters, CLOCK)
-    ok = (d >= 0) & (ab == 0)
+    ok = ((cur - tgt) >= 0) & (ab == 0)
     if not ok:
-        _fail(ab, d + tgt, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
-              NRANK, FAULT, CLOCK)
+        _fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK,
+              FAULT, CLOCK)
     # Threads other than the polling ones read data the producers wrote: order after the poll.
     tl.debug_barrier()
     return ok
-
-
-@triton.jit
-def signal_split(cnt_ptr, pid, S: tl.constexpr, STRIDE: tl.constexpr, SYS: tl.constexpr):
-    """`signal` (+1, release) on counter pid % S of a count spread over S counters at cnt_ptr
-    + j * STRIDE (`wait_ge` S): S programs' arrivals queue at S words, not one. S == 1: the
-    counter at cnt_ptr."""
-    if S == 1:
-        signal(cnt_ptr, 1, SYS)
-    else:
-        signal(cnt_ptr + (pid % S) * STRIDE, 1, SYS)
 
 
 @triton.jit

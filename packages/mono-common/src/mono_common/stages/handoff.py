@@ -1,6 +1,7 @@
 """Grid hand-offs that `mono bench stages` times beside `entries.grid_handoff` (issue 19): one
 whose waiters poll a flag with plain loads (`grid_handoff_flag`), and one whose arrivals are
-spread over S counters that the waiters poll with acquire loads (`grid_handoff_split`).
+spread over S counters that the waiters poll with RMWs or acquire loads (`grid_handoff_split`).
+Both measured slower than the counter hand-off (its docstrings say by how much).
 
 `entries.grid_handoff` has every program poll the arrival counter with an atomic RMW, and the
 arrivals are RMWs on the same word: RMWs on one address serialise at its L2 slice, so each
@@ -26,7 +27,8 @@ sc0 sc1 (past the CU's cache). NVIDIA must not have it: ptxas refuses `.volatile
 import triton
 import triton.language as tl
 
-from mono_common.device.guard import poll_distance, signal_split
+from mono_common.device.guard import poll, signal
+from mono_common.device.timer import PROGRAM_LANES
 
 FLAG_WORD = tl.constexpr(32)  # 128 bytes past the counter
 BAR_WORDS = 64  # int32 words of a bar buffer that either hand-off can use
@@ -48,7 +50,10 @@ def _peek(flag, first, AMD: tl.constexpr):
 @triton.jit
 def grid_handoff_flag(bar_ptr, target, AMD: tl.constexpr = False):
     """Arrive on the counter at bar_ptr; the program that makes it `target` publishes `target`
-    in the flag word, the others wait for it there."""
+    in the flag word, the others wait for it there. Measured slower than `entries.grid_handoff`
+    (H100, session 30: 2.51 us a hand-off on 264 programs against 1.48, 1.85 on 132 against
+    1.04): the last arrival's RMW, its flag store and the waiters' next load are three round
+    trips in a row where the counter's last arrival and a poll are two."""
     # 2-lane shapes with a masked spare lane: a single-lane atomic or volatile load polled in a
     # loop has hung on gfx950 (guard's comments); the results reach every warp through tl.sum.
     lane = tl.arange(0, 2)
@@ -85,21 +90,54 @@ def grid_handoff_flag(bar_ptr, target, AMD: tl.constexpr = False):
 
 
 @triton.jit
+def load_acquire(ptrs, LD: tl.constexpr):
+    """The int32 at each pointer of `ptrs`, read with acquire semantics at GPU scope. LD (sm_90
+    only): by every thread for itself with a plain load (`ld.acquire.gpu`, no read-modify-
+    write); otherwise `guard.poll` (one atomic per distinct address, its result broadcast)."""
+    if LD:
+        addr = ptrs.to(tl.pointer_type(tl.int32)).to(tl.int64, bitcast=True)
+        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [addr],
+                                      dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        v = poll(ptrs, False)
+    return v
+
+
+@triton.jit
+def _split_distance(ptrs, lane, tgt, S: tl.constexpr, LD: tl.constexpr):
+    """How far the S counters' sum is past the target (int32, modulo 2**32), one value for the
+    program: with LD each warp's loads differ, so the smallest distance any warp saw goes
+    through shared memory (as a guarded wait must make its loop condition program-wide)."""
+    d = tl.sum(tl.where(lane < S, load_acquire(ptrs, LD), 0), 0) - tgt
+    if LD:
+        d = tl.min(tl.full([PROGRAM_LANES], 0, tl.int32) + d, 0)
+    return d
+
+
+@triton.jit
 def grid_handoff_split(pid, bar_ptr, target, S: tl.constexpr, LD: tl.constexpr):
-    """The layer's hand-off (`guard.signal_split` then `guard.wait_ge`'s polls) without its
-    deadline: program pid arrives on counter pid % S (a release add; counter j at word j *
-    LINE_WORDS of bar_ptr, its own 128-byte line, so the S counters' RMWs queue at different
-    L2 slices), then polls the S counters (acquire loads when LD, sm_90; RMWs otherwise) until
-    their sum reaches `target` (modulo 2**32), each poll one value for the program. The abort
-    lanes read word LINE_WORDS * S, which stays zero. Targets as `grid_handoff`'s (the k-th
-    hand-off of a launch on nprog programs: k * nprog). bar_ptr holds S * LINE_WORDS + 2 words,
-    zero at launch."""
-    NL: tl.constexpr = 2 if S == 1 else (4 if S <= 3 else (8 if S <= 7 else 16))  # as guard.wait_ge's
+    """A counter hand-off in the guarded wait's shape (every poll one value for the program;
+    no deadline) with its arrivals spread over S counters: program pid arrives on counter
+    pid % S (a release add; counter j at word j * LINE_WORDS of bar_ptr, its own 128-byte line,
+    so the counters' RMWs queue at different L2 slices), then polls the S counters (acquire
+    loads when LD, sm_90; RMWs otherwise) until their sum reaches `target` (modulo 2**32). The
+    counters only grow, so a sum of values read at different moments that reaches the target
+    means every arrival of this hand-off happened. The poll's spare lanes read word S *
+    LINE_WORDS, which stays zero. Targets as `grid_handoff`'s (the k-th hand-off of a launch on
+    nprog programs: k * nprog). bar_ptr holds S * LINE_WORDS + 2 words, zero at launch.
+
+    Measured slower than `entries.grid_handoff` on an H100 (session 30, 264 programs: 1.48 us
+    a hand-off against 1.90 with one counter polled by loads, 2.28 / 3.61 over 2 / 8 counters
+    polled by loads, 4.41 over 8 polled by RMWs): kept as the bench's evidence."""
+    NL: tl.constexpr = 2 if S == 1 else (4 if S <= 3 else (8 if S <= 7 else 16))
     lane = tl.arange(0, NL)
     tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
-    signal_split(bar_ptr, pid, S, LINE_WORDS, False)
+    if S == 1:
+        signal(bar_ptr, 1, False)
+    else:
+        signal(bar_ptr + (pid % S) * LINE_WORDS, 1, False)
     ptrs = tl.where(lane < S, bar_ptr + lane * LINE_WORDS, bar_ptr + S * LINE_WORDS)
-    d, ab = poll_distance(ptrs, lane, tgt, False, LD, S)
+    d = _split_distance(ptrs, lane, tgt, S, LD)
     while d < 0:
-        d, ab = poll_distance(ptrs, lane, tgt, False, LD, S)
+        d = _split_distance(ptrs, lane, tgt, S, LD)
     tl.debug_barrier()

@@ -212,12 +212,9 @@ class Plan:
     # from the attention output + residual), the norm stage the all-reduce alone and hand-off
     # 17 folded (`norm_in_router`, a knob)
     NIR: bool = False
-    # the hand-offs' waits polling their counter and the abort flag with acquire loads, each
-    # thread its own, not with a broadcast RMW (`handoff_loads`, a knob; guard.wait_ge LD)
-    PLD: bool = False
-    # the hand-offs' arrivals spread over HS counters a line apart, program p on counter p % HS
-    # (`handoff_split`, a knob; 1: one counter, every arrival and poll on its word)
-    HS: int = 1
+    # the absorption tiles' q_nope summed once a tile for all its chunks (their weights
+    # requested first), the q_pe RoPE items tiles of their own (`absorb_gather`, a knob)
+    ABG: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -402,13 +399,14 @@ KNOBS = {
                       "oproj_fixup on, so a row is one o_proj slot to read; the same bits): slower (H100, served TP8 "
                       "shard, ctx 4096: 157.9 -> 159.9 us at 1 row, 279.0 -> 296.6 at 8; the router's stage 4.5 -> "
                       "14.1 us where the norm's 8.5 went)",
-    "handoff_loads": "Plan.PLD, every hand-off's wait polling its counter (and the abort flag) with acquire "
-                     "loads by each thread, reduced to one value for the program through shared memory, not with "
-                     "an RMW whose result is broadcast: reads of one word do not queue at its L2 slice behind "
-                     "each other and the arrivals, as RMWs do (sm_90; the same bits)",
-    "handoff_split": "Plan.HS, every hand-off's arrivals spread over this many counters (2..8) a 128-byte line "
-                     "apart, program p arriving on counter p % n, the wait polling their sum (sm_90; the same "
-                     "bits)",
+    "absorb_gather": "Plan.ABG, the W_UK absorption tiles (a head and 64 columns each) requesting their three "
+                     "64-row weight blocks first and summing q_nope's q_b partial slots once for all its 192 "
+                     "columns (16 slots' loads in flight a round at 1 row), where the default sums them per "
+                     "64-row block, 4 slots a round (12 dependent rounds at a TP8 rank); the q_pe RoPE items "
+                     "tiles of their own after the index tiles, not ahead of a head's first absorption tile "
+                     "(sm_90; the same bits): faster at 1 row (H100, served TP8 shard, ctx 4096: the layer 157.0 -> "
+                     "155.3 us, the absorb stage 6.0 -> 4.0 us; 8 rows 279.1 -> 278.9), not yet a default: it "
+                     "spills (Triton 3.6: 28 bytes at width 2; 3.8: 20 at width 8) and the suite has not run on it",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -416,7 +414,8 @@ KNOBS = {
 # Knobs timed on the H200 and removed, none faster than the default (results README): session
 # 20's, their code on branch wip/s19-stages: handoff_flag, mla_stages, qkva_fixup, qb_fixup,
 # norm_in_qkva, gateup_stages, latent_late, down_id_vector; session 21's, its code in commit
-# 3f5b139: weights_before_wait
+# 3f5b139: weights_before_wait; session 30's (on an H100), their code in commit 8929f17:
+# handoff_loads, handoff_split
 
 
 # where next_layer_prefetch may request the next layer's first weights: the attention's quiet
@@ -651,21 +650,15 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         change["ANC"] = _row_chunks("norm_spread", s, plan, nprog, errors)
     elif "norm_spread" in k:
         change["ANC"] = 0
-    if k.get("handoff_loads"):
+    if k.get("absorb_gather"):
+        bkn = 64 if s.qk_nope % 64 == 0 else (32 if s.qk_nope % 32 == 0 else 16)
         if hip:
-            errors.append("handoff_loads is sm_90's ld.acquire: on gfx950 build without it")
+            errors.append("absorb_gather is not resource-checked on gfx950: build without it")
+        elif s.qk_nope > 256 or s.qk_nope // bkn > 4 or plan.W > 8:
+            errors.append(f"absorb_gather takes q_nope ({s.qk_nope}) in at most 4 blocks of {bkn} and 256 columns "
+                          f"at most 8 rows (not {plan.W}): build without it")
         else:
-            change["PLD"] = True
-    if k.get("handoff_split") is not None and k["handoff_split"] is not False:
-        from mono_glm53.kernels.stages import HS_MAX
-
-        hs = k["handoff_split"]
-        if hip:
-            errors.append("handoff_split is not resource-checked on gfx950: build without it")
-        elif isinstance(hs, bool) or not isinstance(hs, int) or not 1 <= hs <= HS_MAX:
-            errors.append(f"handoff_split {hs!r} is not a count of counters in 1..{HS_MAX}")
-        else:
-            change["HS"] = hs
+            change["ABG"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -1008,7 +1001,9 @@ class GlmLayerKernel:
         self.qkva = z(p.KS1, W, nqkv)
         self.ikw = z(p.KSI, W, nikw)
         self.qn = z(W, s.q_lora, dtype=bf16)
-        self.rope = z(W * p.RD + W * p.ID + W * p.IH * p.ID + W * p.NH * p.RD)
+        # Plan.ABG: each absorption tile's q_nope rows after the RoPE scratch (`stages._absorb_gathered`)
+        abx = p.NH * (p.KVL // (64 if p.KVL >= 64 else p.KVL)) * W * p.NOPE if p.ABG else 0
+        self.rope = z(W * p.RD + W * p.ID + W * p.IH * p.ID + W * p.NH * p.RD + abx)
         self.iwraw = z(W, p.IH)
         self.qb = z(p.KS3, W, nqb)
         self.iq = z(p.KSQ, W, niq)
@@ -1115,14 +1110,6 @@ class GlmLayerKernel:
         from mono_glm53.kernels.stages import SLOTC
 
         self.cnt[SLOTC.value:] = 0
-        # a hand-off's split counters (Plan.HS) hold epoch times the programs arriving on each
-        if self.plan.HS > 1:
-            from mono_glm53.kernels.stages import HLINE, NSTAGES, SPLITC
-
-            hs = self.plan.HS
-            for j in range(hs):
-                at = SPLITC.value + j * HLINE.value
-                self.cnt[at: at + NSTAGES - 1] = wrap(epoch * len(range(j, self.nprog, hs)))
         # a fixed-up GEMV's column-tile counter counts its spans' arrivals (`gemv.span_fixup`)
         if self.plan.FIX9:
             base, _, n, k, per = _oproj_counters(self.s, self.plan)

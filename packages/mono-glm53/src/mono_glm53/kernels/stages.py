@@ -78,7 +78,7 @@ import triton.language as tl
 
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
-from mono_common.device.guard import signal, signal_split, wait_ge
+from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
@@ -143,13 +143,8 @@ FIXOP = tl.constexpr(64)
 # the MoE slots' gate_up tile counters (Plan.SFO: the SiLU folded into gate_up), one word a
 # slot from here, up to 128 slots; zero between launches
 SLOTC = tl.constexpr(192)
-# the hand-offs' split counters (Plan.HS > 1: `_hand_cnt`): counter j of hand-off s at SPLITC
-# + j * HLINE + s - 1, one 128-byte line per j, up to HS_MAX lines
-SPLITC = tl.constexpr(320)
-HLINE = tl.constexpr(32)
-HS_MAX = 8
 # the counter buffer's words (GlmLayerKernel.cnt)
-CNT_WORDS = tl.constexpr(320 + 8 * 32)
+CNT_WORDS = tl.constexpr(320)
 # Where a fused launch requests its own weights into the L2 (Plan.PFS, a bit each; sm_90 with
 # PFN >= 0): at its start (q_a/kv_a and the index wk / weights_proj), after q_a/kv_a (q_b and
 # the index wq_b), after absorb or else after the index scores (o_proj, the router, the shared
@@ -528,13 +523,82 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
 
 
 @triton.jit
+def _absorb_rope(m, h, qb_ptr, qabs_ptr, pos_ptr, cs_ptr, rope_ptr, W: tl.constexpr, NH: tl.constexpr,
+                 NOPE: tl.constexpr, RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
+                 KS3: tl.constexpr, MLA_NEOX: tl.constexpr, GS: tl.constexpr):
+    """Row m's q_pe of head h (q_b's KS3 partial slots summed) with its RoPE, into qabs."""
+    QH: tl.constexpr = NOPE + RD
+    rj = tl.arange(0, RD)
+    pos = tl.load(pos_ptr + m).to(tl.int64)
+    pe = _bf16(_sum_splits(qb_ptr, m, h * QH + NOPE, W, NH * QH, KS3, RD, GS))
+    sp = rope_ptr + W * RD + W * ID + W * IH * ID + (m * NH + h) * RD
+    tl.store(sp + rj, pe)
+    tl.debug_barrier()
+    pr = _bf16(_rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX))
+    tl.store(qabs_ptr + (m * NH + h) * (KVL + RD) + KVL + rj, pr)
+
+
+@triton.jit
+def _absorb_gathered(t, h, cols, acc, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, xs_ptr,
+                     W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, NOPE: tl.constexpr, RD: tl.constexpr,
+                     KS3: tl.constexpr, BKN: tl.constexpr):
+    """acc += q_nope[:W] of head h @ w_kc[h][:, cols] (Plan.ABG, the knob `absorb_gather`):
+    the chunks' weight blocks requested first (they do not depend on q_b), then q_nope's KS3
+    partial slots summed for all NOPE columns at once, G slots' loads in flight a round (one
+    round at 1 row, where the tile form takes NOPE / BKN chunks of KS3 / 4 rounds each), rounded
+    to bf16 into this tile's scratch rows xs_ptr [t, W, NOPE] and read back as the chunks' MMA
+    operands. The same sums in the same order as the tile form: each element's slots from 0
+    up, each chunk's product added to acc in chunk order. NOPE / BKN <= 4, NOPE <= 256."""
+    QH: tl.constexpr = NOPE + RD
+    NQB: tl.constexpr = NH * QH
+    NKC: tl.constexpr = NOPE // BKN
+    NP2: tl.constexpr = 64 if NOPE <= 64 else (128 if NOPE <= 128 else 256)
+    WP: tl.constexpr = 1 if W == 1 else (2 if W <= 2 else (4 if W <= 4 else 8))
+    G: tl.constexpr = max(1, min(KS3, 16 // WP))
+    FULL: tl.constexpr = KS3 - KS3 % G
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    kk = tl.arange(0, BKN)
+    wb = wkc_ptr + h * wkc_s0 + kk[:, None] * wkc_s1 + cols[None, :] * wkc_s2
+    w0 = tl.load(wb)
+    w1 = tl.load(wb + BKN * wkc_s1) if NKC > 1 else w0
+    w2 = tl.load(wb + 2 * BKN * wkc_s1) if NKC > 2 else w0
+    w3 = tl.load(wb + 3 * BKN * wkc_s1) if NKC > 3 else w0
+    r = tl.arange(0, WP)
+    c = tl.arange(0, NP2)
+    xm = (r[:, None] < W) & (c[None, :] < NOPE)
+    xp = qb_ptr + r[:, None] * NQB + h * QH + c[None, :]
+    xs = tl.zeros([WP, NP2], tl.float32)
+    for s0 in range(0, FULL, G):
+        for g in tl.static_range(G):
+            xs += tl.load(xp + (s0 + g) * (W * NQB), mask=xm, other=0.0)
+    for g in tl.static_range(KS3 % G):
+        xs += tl.load(xp + (FULL + g) * (W * NQB), mask=xm, other=0.0)
+    xt = xs_ptr + t * (W * NOPE)
+    tl.store(xt + r[:, None] * NOPE + c[None, :], _rbf(xs).to(tl.float32), mask=xm)
+    tl.debug_barrier()
+    xq = xt + rows[:, None] * NOPE + kk[None, :]
+    acc += _dot(tl.load(xq, mask=rmask[:, None], other=0.0), w0)
+    if NKC > 1:
+        acc += _dot(tl.load(xq + BKN, mask=rmask[:, None], other=0.0), w1)
+    if NKC > 2:
+        acc += _dot(tl.load(xq + 2 * BKN, mask=rmask[:, None], other=0.0), w2)
+    if NKC > 3:
+        acc += _dot(tl.load(xq + 3 * BKN, mask=rmask[:, None], other=0.0), w3)
+    return acc
+
+
+@triton.jit
 def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, iq_ptr, iq8_ptr,
                  iwraw_ptr, iwt_ptr, pos_ptr, cs_ptr, rope_ptr, iwa, iwb, hscale,
                  W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, NOPE: tl.constexpr,
                  RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
                  KS3: tl.constexpr, KSQ: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, HWQ: tl.constexpr = False):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, HWQ: tl.constexpr = False, ABG: tl.constexpr = False):
+    # ABG (Plan.ABG, the knob `absorb_gather`): the absorption tiles as `_absorb_gathered`
+    # (their x scratch past the rope scratch: ABX), and the q_pe RoPE items as tiles of their
+    # own after the index tiles, not before a head's first absorption tiles
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -551,26 +615,27 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
     BKN: tl.constexpr = 64 if NOPE % 64 == 0 else (32 if NOPE % 32 == 0 else 16)
     NKC: tl.constexpr = NOPE // BKN
     T1: tl.constexpr = NH * NCB
+    T3: tl.constexpr = W * NH if ABG else 0
+    ABX: tl.constexpr = W * RD + W * ID + W * IH * ID + W * NH * RD
     kk = tl.arange(0, BKN)
-    for t in range(pid, T1 + T2, nprog):
+    for t in range(pid, T1 + T2 + T3, nprog):
         if t < T1:
             h = t // NCB
             cb = t % NCB
             # row m's q_pe RoPE by the head's tile m % NCB: at most a row or two a tile, not
             # every row on one tile (each row sums KS3 partials, one load latency a slot)
-            if cb < W:
-                for m in range(cb, W, NCB):
-                    pos = tl.load(pos_ptr + m).to(tl.int64)
-                    pe = _bf16(_sum_splits(qb_ptr, m, h * QH + NOPE, W, NQB, KS3, RD, GS))
-                    sp = rope_ptr + W * RD + W * ID + W * IH * ID + (m * NH + h) * RD
-                    tl.store(sp + rj, pe)
-                    tl.debug_barrier()
-                    pr = _bf16(_rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX))
-                    tl.store(qabs_ptr + (m * NH + h) * DA + KVL + rj, pr)
+            if not ABG:
+                if cb < W:
+                    for m in range(cb, W, NCB):
+                        _absorb_rope(m, h, qb_ptr, qabs_ptr, pos_ptr, cs_ptr, rope_ptr, W, NH, NOPE, RD, KVL, IH, ID,
+                                     KS3, MLA_NEOX, GS)
             # q_nope[:W] (NOPE) @ w_kc[h][:, block] (NOPE x CB), bf16 in, fp32 sum
             cols = cb * CB + tl.arange(0, CB)
             acc = tl.zeros([BM, CB], tl.float32)
-            for kc in range(NKC):
+            if ABG:
+                acc = _absorb_gathered(t, h, cols, acc, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, rope_ptr + ABX,
+                                       W, BM, NH, NOPE, RD, KS3, BKN)
+            for kc in range(0 if ABG else NKC):
                 w = tl.load(wkc_ptr + h * wkc_s0 + (kc * BKN + kk[:, None]) * wkc_s1 + cols[None, :] * wkc_s2)
                 xs = tl.zeros([BM, BKN], tl.float32)
                 xp = qb_ptr + rows[:, None] * NQB + h * QH + kc * BKN + kk[None, :]
@@ -582,6 +647,10 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
                 acc += _dot(_rbf(xs), w)
             tl.store(qabs_ptr + (rows[:, None] * NH + h) * DA + cols[None, :], _bf16(acc),
                      mask=rmask[:, None])
+        elif t >= T1 + T2:
+            v = t - T1 - T2
+            _absorb_rope(v // NH, v % NH, qb_ptr, qabs_ptr, pos_ptr, cs_ptr, rope_ptr, W, NH, NOPE, RD, KVL, IH, ID,
+                         KS3, MLA_NEOX, GS)
         else:
             u = t - T1
             m = u // IH
@@ -1106,40 +1175,26 @@ def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
 @triton.jit
 def _sync(row, s, epoch, nprog, pid,
           WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-          PAD: tl.constexpr = 0, CALL: tl.constexpr = 0):
-    """`_sync_now` inlined, or (CALL bit 0, sm_90: Plan.SYC, a measurement knob) as a call of
-    one copy of it for every hand-off, its stage a runtime value (`_sync_call`). CALL is the
-    hand-off's form (layer_kernel's HF): bit 0 the call, bit 1 acquire-load polls (Plan.PLD),
-    CALL // 16 the counters a hand-off's arrivals are spread over (Plan.HS; 0 or 1: one)."""
-    if CALL % 2 == 1 and CLOCK == 0:
-        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD,
-                        CALL - CALL % 2)
+          PAD: tl.constexpr = 0, CALL: tl.constexpr = False):
+    """`_sync_now` inlined, or (CALL, sm_90: Plan.SYC, a measurement knob) as a call of one
+    copy of it for every hand-off, its stage a runtime value (`_sync_call`)."""
+    if CALL and CLOCK == 0:
+        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
     else:
-        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, CALL)
+        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
     return ok
 
 
 @triton.jit(noinline=True)
 def _sync_call(row, s, epoch, nprog, pid, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
-               FAULT: tl.constexpr, PAD: tl.constexpr, FORM: tl.constexpr):
-    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, FORM)
-
-
-@triton.jit
-def _hand_cnt(cnt_ptr, s, FORM: tl.constexpr):
-    """Hand-off s's counter: word s - 1 of the counter buffer, or (FORM // 16 > 1: Plan.HS)
-    the first of its split counters, SPLITC + s - 1, the others a line (HLINE words) apart."""
-    if FORM // 16 > 1:
-        c = cnt_ptr + SPLITC + (s - 1)
-    else:
-        c = cnt_ptr + (s - 1)
-    return c
+               FAULT: tl.constexpr, PAD: tl.constexpr):
+    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
 
 
 @triton.jit
 def _sync_now(row, s, epoch, nprog, pid,
               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-              PAD: tl.constexpr = 0, FORM: tl.constexpr = 0):
+              PAD: tl.constexpr = 0):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
@@ -1152,10 +1207,7 @@ def _sync_now(row, s, epoch, nprog, pid,
     MONO_GLM53_FAULT): every other program's wait on this hand-off must expire.
 
     PAD != 0 (the fused launch only; Plan.PADKB, a measurement probe): every program runs
-    `_code_pad` of |PAD| KB after passing the hand-off, before stage s. FORM (sm_90, `_sync`'s
-    CALL less the call bit): bit 1 the wait polls with acquire loads (Plan.PLD; sm_90's clock
-    only: the interpreter polls with RMWs), FORM // 16 > 1
-    the arrivals spread over that many counters (Plan.HS, `_hand_cnt`; guard.signal_split)."""
+    `_code_pad` of |PAD| KB after passing the hand-off, before stage s."""
     # sm_90: the table words the hand-off reads are loaded first, before any branch on one of
     # them: the loads are independent, so they cost one memory latency together, not one each
     # (read one by one, each behind the branch on the one before, ~2 us a hand-off). gfx950
@@ -1182,11 +1234,10 @@ def _sync_now(row, s, epoch, nprog, pid,
             _delay(pid, epoch, s, delay, CLOCK)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s, now(CLOCK))
-        HSN: tl.constexpr = max(1, FORM // 16)
-        signal_split(_hand_cnt(cnt_ptr, s, FORM), pid, HSN, HLINE, False)
+        signal(cnt_ptr + (s - 1), 1, False)
         if WAIT:
-            ok = wait_ge(_hand_cnt(cnt_ptr, s, FORM), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                         s, deadline, NRANK, CLOCK, FAULT, False, FORM // 2 % 2 == 1 and CLOCK == 0, HSN, HLINE)
+            ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                         s, deadline, NRANK, CLOCK, FAULT, False)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
             if PAD != 0:
@@ -1226,14 +1277,14 @@ def _handoff(row, s: tl.constexpr, FOLD: tl.constexpr, epoch, nprog, pid, WAIT: 
 
 
 @triton.jit
-def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr, FORM: tl.constexpr = 0):
+def _signal_only(row, s: tl.constexpr, pid, WAIT: tl.constexpr, CLOCK: tl.constexpr):
     """Hand-off s that this step needs no wait at (Plan.TKW when no row is longer than it:
     stage s has nothing to do, the next hand-off orders what comes after): release counter
     s - 1 as `_sync` does, so its targets stay in step for the steps that wait there, but do
-    not wait. Stamps and the injected fault as `_skip`. FORM: `_sync_now`'s (its split counters)."""
+    not wait. Stamps and the injected fault as `_skip`."""
     ok = _skip(row, s, pid, WAIT, CLOCK)
     if ok:
-        signal_split(_hand_cnt(_p(row, P.CNT, tl.int32), s, FORM), pid, max(1, FORM // 16), HLINE, False)
+        signal(_p(row, P.CNT, tl.int32) + (s - 1), 1, False)
     return ok
 
 
@@ -1363,7 +1414,7 @@ def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
         if TKW > 0 and INDEXER:
             if ok:
                 if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKW):
-                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK, SYC)
+                    ok = _signal_only(row, 10, pid, FUSED and FIRST < 10, CLOCK)
                 else:
                     ok = _tkcount_at(row, ok, epoch, nprog, pid, nck, FUSED and FIRST < 10, R, CLOCK, FAULT,
                                      PADKB if PADS == 10 else 0, SYC, W, TOPK, INDEXER, TKW, TKP)
@@ -1402,7 +1453,7 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
     for s in tl.static_range(8, 12):
         if FIRST <= s and LAST >= s:
             if ok:
-                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK, SYC)
+                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
     return ok
 
 
@@ -1502,15 +1553,13 @@ def layer_kernel(
     # the post-attention norm in the router's programs, the norm stage the all-reduce alone and
     # hand-off 17 folded (Plan.NIR, a measurement knob: `stage_router_normed`)
     NIR: tl.constexpr = False,
-    # the hand-offs' waits polling with acquire loads, not RMWs (Plan.PLD, a measurement knob:
-    # guard.wait_ge LD), and their arrivals spread over HS counters a line apart (Plan.HS, a
-    # measurement knob; 1: one counter: `_hand_cnt`)
-    PLD: tl.constexpr = False, HS: tl.constexpr = 1,
+    # the absorption tiles' q_nope summed once a tile for all its chunks, the chunks' weights
+    # requested first, the q_pe RoPE items tiles of their own (Plan.ABG, a measurement knob:
+    # `_absorb_gathered`)
+    ABG: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
-    # the hand-offs' form (`_sync` CALL): the call bit, the load-poll bit, the split counters
-    HF: tl.constexpr = (1 if SYC else 0) + (2 if PLD else 0) + 16 * HS
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     row = ptab
@@ -1564,7 +1613,7 @@ def layer_kernel(
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ, ANC)
     if FIRST <= 1 and LAST >= 1:
-        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, HF)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SYC)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
@@ -1577,14 +1626,14 @@ def layer_kernel(
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
-                       CLOCK, FAULT, PADKB if PADS == 2 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 2 else 0, SYC)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
-                       CLOCK, FAULT, PADKB if PADS == 3 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 3 else 0, SYC)
         if ok:
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
@@ -1593,14 +1642,14 @@ def layer_kernel(
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
-                       CLOCK, FAULT, PADKB if PADS == 4 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 4 else 0, SYC)
         if ok:
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
-                         MLA_NEOX, IDX_NEOX, GS, HWQ)
+                         MLA_NEOX, IDX_NEOX, GS, HWQ, ABG)
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ) != 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
@@ -1608,7 +1657,7 @@ def layer_kernel(
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
-                       CLOCK, FAULT, PADKB if PADS == 5 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 5 else 0, SYC)
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
@@ -1624,19 +1673,19 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
-            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, HF)
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                              TKF, TKL, TKW, TKP, PADS, PADKB, HF)
+                              TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     else:
         # a build without TKR compiles no row path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                          TKF, TKL, TKW, TKP, PADS, PADKB, HF)
+                          TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
-                       CLOCK, FAULT, PADKB if PADS == 12 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
         if NXS == 12 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1653,7 +1702,7 @@ def layer_kernel(
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
-                       CLOCK, FAULT, PADKB if PADS == 13 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 13 else 0, SYC)
         if ok and not WCB:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
@@ -1661,7 +1710,7 @@ def layer_kernel(
         # WCB: the combine runs in this stage's tiles (stage 13 is empty)
         if ok:
             ok = _handoff(row, 14, WCB, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                          CLOCK, FAULT, PADKB if PADS == 14 else 0, HF)
+                          CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32) if WCB else None,
@@ -1669,7 +1718,7 @@ def layer_kernel(
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
-                       CLOCK, FAULT, PADKB if PADS == 15 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 15 else 0, SYC)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
@@ -1677,7 +1726,7 @@ def layer_kernel(
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
-                       CLOCK, FAULT, PADKB if PADS == 16 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 16 else 0, SYC)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
                                 _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
@@ -1689,7 +1738,7 @@ def layer_kernel(
         # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
         if ok:
             ok = _handoff(row, 17, NIR, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                          CLOCK, FAULT, PADKB if PADS == 17 else 0, HF)
+                          CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
         if NIR:
             if ok:
                 stage_router_normed(pid, nprog, _p(row, P.OP, f32), _p(row, P.AR1, bf16), _p(row, P.RESID1, bf16),
@@ -1703,7 +1752,7 @@ def layer_kernel(
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
-                       CLOCK, FAULT, PADKB if PADS == 18 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
         if NXS == 18 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1720,7 +1769,7 @@ def layer_kernel(
         # SFO: the SiLU ran in gate_up (each slot's last tile), this stage is empty
         if ok:
             ok = _handoff(row, 19, SFO, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                          CLOCK, FAULT, PADKB if PADS == 19 else 0, HF)
+                          CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
         if not SFO:
             if ok:
                 stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
@@ -1728,7 +1777,7 @@ def layer_kernel(
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
-                       CLOCK, FAULT, PADKB if PADS == 20 else 0, HF)
+                       CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
         if NXS == 20 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
