@@ -406,7 +406,7 @@ KNOBS = {
                      "tiles of their own after the index tiles, not ahead of a head's first absorption tile "
                      "(sm_90; the same bits): faster at 1 row (H100, served TP8 shard, ctx 4096: the layer 157.0 -> "
                      "155.3 us, the absorb stage 6.0 -> 4.0 us; 8 rows 279.1 -> 278.9), not yet a default: it "
-                     "spills (Triton 3.6: 28 bytes at width 2; 3.8: 20 at width 8) and the suite has not run on it",
+                     "spills (Triton 3.6: 28 bytes at width 2, where the default has none) and the suite has not run on it",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
