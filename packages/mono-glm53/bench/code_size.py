@@ -6,16 +6,20 @@ it to HBM (`packages/mono-common/bench/code_fetch.py`, H200, session 21). This c
 variant for sm_90 (as `tests/compile` does), disassembles it with line information (Triton's
 bundled `nvdisasm -gi`) and attributes every instruction to the stage whose block of
 `stages.layer_kernel` holds its outermost source line ("pre": before the first stage; "other":
-functions outside the kernel body, such as a called failure path).
+functions outside the kernel body, such as a called failure path). The top-k stages sit in
+helpers called after the index scores' block, so their code counts as "iscore". Run it with
+Triton 3.8 (sglang's): Triton 3.6's line tables carry no inlining chains, and every
+instruction then lands in "other".
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src python3 \
-    packages/mono-glm53/bench/code_size.py [--shape tp8] [--width 2] [--knobs '{"hw_quant": false}']
+    packages/mono-glm53/bench/code_size.py [--shape tp8i] [--width 2] [--knobs '{"hw_quant": false}']
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -75,7 +79,9 @@ def attribute(dis: str, stages_file: str, start: int, blocks: list[tuple[int, st
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", default="tp8", choices=("tp8", "tp4", "tp1"))
+    ap.add_argument("--shape", default="tp8i", choices=("tp8i", "tp8", "tp4i", "tp4", "tp1i", "tp1"),
+                    help="a TP rank's shard or the whole layer (tp1); with an i the checkpoints' indexer rope "
+                         "(config.named_shape: what a served checkpoint launches)")
     ap.add_argument("--width", type=int, default=2)
     ap.add_argument("--knobs", default="{}", help="GlmLayerKernel knobs as JSON (kernels.layer.KNOBS)")
     ap.add_argument("--world", type=int, default=None,
@@ -90,8 +96,9 @@ def main(argv=None) -> int:
     from mono_glm53.kernels import layer as L
     from mono_glm53.kernels import stages as S
 
-    tp = int(a.shape[2:])
-    s = REAL.tp_shard(tp, 0) if tp > 1 else REAL
+    tp = int(a.shape[2:].rstrip("i"))
+    base = dataclasses.replace(REAL, indexer_rope_interleave=True) if a.shape.endswith("i") else REAL
+    s = base.tp_shard(tp, 0) if tp > 1 else base
     knobs = json.loads(a.knobs)
     res = L.compile_variant(s, a.width, True, "sm_90", world=tp if a.world is None else a.world, knobs=knobs)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
