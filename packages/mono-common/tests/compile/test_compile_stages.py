@@ -2,6 +2,8 @@
 spills, at GLM-5.3's shapes and the tilings `mono bench stages` and the layer use, and fit the
 resident grid (2 programs per SM on sm_90, 1 per CU on gfx950)."""
 
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -49,6 +51,18 @@ def test_gemv_entry_with_the_next_set_requested_ahead_compiles_without_spills(re
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
     assert "prefetch.global.L2" in res.asm["ptx"]
+
+
+@pytest.mark.parametrize("target", ["sm_90", "gfx950"])
+def test_called_gemv_span_compiles_without_spills(target, record_property):
+    """bench variant s128fqc (CALL): the layer's q_a/kv_a form as a call of one copy of the
+    span's code, its shapes runtime values (`gemv.gemv_span_call`): one function, called."""
+    ce = dict(N=2624, K=6144, W=2, BM=16, BN=128, BLK=128, KS=1, PER=4, SLOTS=8, SPAN=True, FMT=1, XQ=True,
+              PRE=False, DOT=2, BAR=True, AMD=target == "gfx950", CALL=True)
+    res = _resident_without_spills(gemv_entry, GEMV_SIG, ce, target, record_property, "gemv called span")
+    if target == "sm_90":
+        ptx = res.asm["ptx"]
+        assert len(set(re.findall(r"\.func\s+(\S+?)\(", ptx))) == 1 and "call.uni" in ptx
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
@@ -171,8 +185,8 @@ def test_linked_entries_compile_without_spills(target, name, entry, sig, variant
 
 
 def _resident_without_spills(fn, sig, ce, target, record_property, label):
-    """A hand-off entry compiled as the bench launches it (4 warps, 16-byte aligned pointers),
-    its resources recorded: no spills, and the launch's programs resident."""
+    """An entry compiled as the bench launches it (4 warps, 16-byte aligned pointers, no AMD
+    buffer ops), its resources recorded: no spills, and the launch's programs resident."""
     res = cc.compile_kernel(fn, sig, ce, target, num_warps=4, pointer_align=16, num_stages=STAGES[target],
                             amd_buffer_ops=False)
     record_property("resources", f"{label}: {cc.format_resources(res)}")

@@ -147,3 +147,31 @@ def test_loop_forms_give_the_same_bits(form, tiling):
             launch_gemv(plan, args[0], w, s, out, xs=args[1])
             outs.append(out)
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("nprog", [3, 7])
+def test_called_span_gives_the_inline_spans_partials(nprog):
+    # gemv_span_call: one called copy with runtime shapes writes every partial slot the inline
+    # span writes, bit for bit: two weight sets, spans crossing column tiles, x quantised in the
+    # span and pre-quantised, both MMA forms
+    from mono_common.stages.gemv_host import alloc_out, launch_gemv
+
+    x, w0, s0 = _weights(seed=0)
+    _, w1, s1 = _weights(seed=1)
+    w, s = torch.cat([w0, w1]), torch.cat([s0, s1])
+    xq, xs = per_token_group_quant(x[:3], 128)
+    xq = xq.to(torch.bfloat16)
+    for args in ((x[:3], None), (xq, xs.contiguous())):
+        for dot in (0, 2):
+            outs = []
+            for call in (False, True):
+                plan = GemvPlan.make(N, K, 3, nprog=nprog, bn=128, span=True, dot=dot, call=call)
+                out = alloc_out(plan, 2, "cpu")
+                launch_gemv(plan, args[0], w, s, out, xs=args[1])
+                outs.append(out)
+            assert torch.equal(outs[0], outs[1]) and outs[1].abs().sum() > 0
+    with pytest.raises(ValueError, match="stream-K span without pre or lstg"):
+        GemvPlan.make(N, K, 3, nprog=3, span=False, call=True)
+    with pytest.raises(ValueError, match="no fixup form"):
+        plan = GemvPlan.make(N, K, 3, nprog=3, call=True)
+        launch_gemv(plan, x[:3], w, s, alloc_out(plan, 2, "cpu"), fixup=True)

@@ -65,6 +65,9 @@ GEMV_VARIANTS = {
     # s128fq with each weight set's successor requested into the L2 before the set runs, as a
     # layer requests its stages' weights ahead (issue 19): the HBM streams through the hand-offs
     "s128fqn": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=True),
+    # s128fq as a call of one copy of the span's code (gemv.gemv_span_call, mono-glm53's
+    # gemv_call): what the call costs a span where the code is warm (not yet run on a GPU)
+    "s128fqc": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, call=True),
     "s256fq": dict(bn=256, span=True, num_warps=8, dot=2, xq=True),
     "s256fq4": dict(bn=256, span=True, num_warps=4, dot=2, xq=True),
 }

@@ -27,7 +27,7 @@ import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
-from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_tile
+from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_span_call, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
@@ -67,10 +67,11 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
                PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
                LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False,
-               PFN: tl.constexpr = False):
+               PFN: tl.constexpr = False, CALL: tl.constexpr = False):
     # PFN (sm_90): each weight set's next set (weights and scales) requested into the L2 before
     # the set is computed, as a layer requests a stage's weights ahead (`stages.prefetch`), so
     # the HBM streams across the hand-offs and a set's own loads hit the L2
+    # CALL (SPAN only): the span a call of one copy of its code (`gemv.gemv_span_call`)
     # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
     # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
     # [nprog]: all zero before the first launch, never reset (graph replays count on)
@@ -94,7 +95,9 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
             if li + 1 < L:
                 prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
                 prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, True)
-        if SPAN:
+        if SPAN and CALL:
+            gemv_span_call(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, DOT, FASTCVT)
+        elif SPAN:
             gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
                       FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
         else:

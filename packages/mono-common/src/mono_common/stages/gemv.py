@@ -20,6 +20,8 @@ Two ways to split the work over the resident programs:
     items, one span a program, so every program reads the same bytes whatever N and K are; a
     column tile's partials go to slot (program - first program touching that tile). Slots no
     program writes stay as allocated (zero), so the consumer sums a fixed count of slots.
+  * `gemv_span_call`: `gemv_span` as a call of one copy of its code, its shapes runtime values,
+    so the GEMVs of a kernel that share its constexprs share the code a launch fetches.
 A column tile is BN columns (a multiple of 16, BN <= 2 * BLK: each K step loads a [BN, BLK]
 weight block, BN * BLK bytes in flight per program per step for FP8). PRE issues the next
 block's weight load before the current block's math (a register double buffer), so two blocks
@@ -44,7 +46,7 @@ DOT_WX_FP8 = tl.constexpr(2)
 
 
 @triton.jit
-def _load_w(w_ptr, cols, cmask, kb, K: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, ok=True):
+def _load_w(w_ptr, cols, cmask, kb, K, BLK: tl.constexpr, FMT: tl.constexpr, ok=True):
     kk = tl.arange(0, BLK)
     wp = w_ptr + cols[:, None].to(tl.int64) * K + (kb * BLK + kk)[None, :]
     if FMT == FMT_FP8:
@@ -56,14 +58,14 @@ def _load_w(w_ptr, cols, cmask, kb, K: tl.constexpr, BLK: tl.constexpr, FMT: tl.
 
 @triton.jit
 def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
-            K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
+            K, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
             DOT: tl.constexpr, FASTCVT: tl.constexpr = False):
     """acc += the contribution of K block kb, its weight block w [BN, BLK] loaded. acc is
     [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side).
     FASTCVT: the bf16 MMA forms convert the e4m3 weights with `numerics.e4m3_bf16`'s sm_90 path
     (True / 1), or CVT_F16: to f16 on the conversion unit, and the MMA on f16 operands
     (`numerics.e4m3_operand` / `dot_as`: the same exact products)."""
-    NKB: tl.constexpr = K // BLK
+    NKB = K // BLK
     kk = tl.arange(0, BLK)
     x = tl.load(x_ptr + rows[:, None] * sx + (kb * BLK + kk)[None, :], mask=rmask[:, None], other=0.0)
     if FMT == FMT_FP8:
@@ -90,7 +92,7 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
 
 @triton.jit
 def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-           K: tl.constexpr, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
+           K, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
            XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr, LSTG: tl.constexpr = 0,
            FASTCVT: tl.constexpr = False):
     """acc += K blocks kb0 .. kb1-1 of one column tile, in K order. LSTG > 0 (not with PRE):
@@ -125,7 +127,7 @@ def _zero_acc(BM: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr):
 
 
 @triton.jit
-def _store(o_ptr, acc, rows, rmask, cols, cmask, NSTR: tl.constexpr, DOT: tl.constexpr):
+def _store(o_ptr, acc, rows, rmask, cols, cmask, NSTR, DOT: tl.constexpr):
     """acc -> o[row, col] (row stride NSTR), transposed back for the swapped forms."""
     if DOT == DOT_XW:
         tl.store(o_ptr + rows[:, None] * NSTR + cols[None, :], acc, mask=rmask[:, None] & cmask[None, :])
@@ -155,9 +157,9 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
 
 
 @triton.jit
-def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.constexpr,
+def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
-              PER: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
+              PER, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
               PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
               FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
     """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
@@ -165,7 +167,7 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
     LSTG, FASTCVT: as `gemv_tile`'s. KSF > 0: after each partial the span arrives on its
     tile's counter (fix_ptr[tile], int32); the tile's last span (`span_fixup`) sums the tile's
     KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF."""
-    NKB: tl.constexpr = K // BLK
+    NKB = K // BLK
     NT = (N + BN - 1) // BN
     i0 = p * PER
     i1 = tl.minimum(i0 + PER, NT * NKB)
@@ -190,8 +192,31 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
         i = nt * NKB + kb1
 
 
+@triton.jit(noinline=True)
+def _span_called(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, PER, xs_ptr,
+                 W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
+                 XQ: tl.constexpr, DOT: tl.constexpr, FASTCVT: tl.constexpr):
+    gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, False, DOT, 0,
+              FASTCVT)
+
+
 @triton.jit
-def span_fixup(cnt_ptr, target, out_ptr, col0, N, NSTR: tl.constexpr, W: tl.constexpr, BN: tl.constexpr,
+def gemv_span_call(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, W: tl.constexpr, BM: tl.constexpr,
+                   BN: tl.constexpr, BLK: tl.constexpr, PER, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
+                   DOT: tl.constexpr = 0, FASTCVT: tl.constexpr = False):
+    """`gemv_span` (no register prefetch, the k-loop as Triton pipelines it, no fixup) as a call
+    of ONE copy of its code whose shapes (sx, N, NSTR, K, PER) are runtime values: the GEMVs of
+    a kernel that share W, BM, BN, BLK, FMT, XQ, DOT and FASTCVT share its code, so a launch
+    that runs several of them fetches it once (a stream-K span inlined is ~18 KB of sm_90 SASS
+    at GLM-5.3's shapes, fetched cold at each call site at 1 row: ~0.3 us a KB). The same sums
+    in the same order as `gemv_span`. Without XQ, xs_ptr is not read (x_ptr stands in)."""
+    zero = tl.zeros([], tl.int32)
+    _span_called(p, x_ptr, sx + zero, w_ptr, s_ptr, out_ptr, N + zero, NSTR + zero, K + zero, PER + zero,
+                 xs_ptr if XQ else x_ptr, W, BM, BN, BLK, FMT, XQ, DOT, FASTCVT)
+
+
+@triton.jit
+def span_fixup(cnt_ptr, target, out_ptr, col0, N, NSTR, W: tl.constexpr, BN: tl.constexpr,
                KSF: tl.constexpr):
     """Arrive on a column tile's counter (int32, + 1 a partial); the arrival that makes it
     `target` (modulo 2**32: epoch times the tile's spans, so the counter never resets) sums the

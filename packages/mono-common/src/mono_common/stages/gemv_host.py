@@ -38,6 +38,9 @@ class GemvPlan:
     lstg: int = 0  # k-loops pipelined this deep, every load (0: Triton's default, MMA operands)
     # each weight set's successor requested into the L2 before the set runs (sm_90; `launch_gemv`)
     l2_ahead: bool = False
+    # the span a call of one copy of its code, its shapes runtime values (`gemv.gemv_span_call`;
+    # stream-K only, without pre or lstg)
+    call: bool = False
 
     @property
     def BM(self) -> int:
@@ -51,17 +54,19 @@ class GemvPlan:
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
              pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
-             lstg: int = 0, l2_ahead: bool = False) -> GemvPlan:
+             lstg: int = 0, l2_ahead: bool = False, call: bool = False) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
             raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
         if lstg < 0 or (lstg and pre):
             raise ValueError(f"pipelining depth {lstg}: 0 (off) or more, and not with the register prefetch (pre)")
+        if call and (not span or pre or lstg):
+            raise ValueError("the called span (call) is a stream-K span without pre or lstg")
         nkb = K // blk
         if span:
             return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot,
-                            lstg, l2_ahead)
+                            lstg, l2_ahead, call)
         if ks is None:
             ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
@@ -109,6 +114,8 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         bar.zero_()
     fix = None
     if fixup is not None and fixup is not False:
+        if plan.call:
+            raise ValueError("the called span (call) has no fixup form")
         if not plan.span:
             raise ValueError("fixup sums a stream-K span plan's partials: this plan is split-K")
         fix = torch.zeros(fixup_words(plan, L), dtype=torch.int32, device=x.device) if fixup is True else fixup
@@ -129,7 +136,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         FASTCVT=nv,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
         fix_ptr=fix, FIX=fix is not None,
-        PFN=plan.l2_ahead and nv,
+        PFN=plan.l2_ahead and nv, CALL=plan.call,
         num_warps=plan.num_warps, **coop)
     return out
 

@@ -215,6 +215,8 @@ class Plan:
     # the absorption tiles' q_nope summed once a tile for all its chunks (their weights
     # requested first), the q_pe RoPE items tiles of their own (`absorb_gather`, a knob)
     ABG: bool = False
+    # the stream-K GEMVs as calls of one copy of the span's code a form (`gemv_call`, a knob)
+    GVC: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -407,6 +409,11 @@ KNOBS = {
                      "(sm_90; the same bits): faster at 1 row (H100, served TP8 shard, ctx 4096: the layer 157.0 -> "
                      "155.3 us, the absorb stage 6.0 -> 4.0 us; 8 rows 279.1 -> 278.9), not yet a default: it "
                      "spills (Triton 3.6: 28 bytes at width 2, where the default has none) and the suite has not run on it",
+    "gemv_call": "Plan.GVC, the stream-K GEMVs (q_a/kv_a, q_b, the index wq_b, o_proj) each a call of one "
+                 "copy of the span's code (mono_common.stages.gemv.gemv_span_call, its shapes runtime values; "
+                 "one copy for the producer-quantised inputs, one for o_proj's), where the default inlines "
+                 "~18 KB of sm_90 SASS at each call site, fetched cold at 1 row (sm_90; the same bits; "
+                 "not with oproj_fixup, whose spans sum their tiles in the GEMV)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -659,6 +666,14 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"at most 8 rows (not {plan.W}): build without it")
         else:
             change["ABG"] = True
+    if k.get("gemv_call"):
+        if hip:
+            errors.append("gemv_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
+        elif change.get("FIX9", plan.FIX9):
+            errors.append("gemv_call has no fixup form: build it without oproj_fixup (and norm_in_router, "
+                          "which turns it on)")
+        else:
+            change["GVC"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
