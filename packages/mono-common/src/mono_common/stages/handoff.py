@@ -27,14 +27,15 @@ sc0 sc1 (past the CU's cache). NVIDIA must not have it: ptxas refuses `.volatile
 import triton
 import triton.language as tl
 
-from mono_common.device.guard import poll, signal
+from mono_common.device.guard import poll, signal, wrap32
 from mono_common.device.timer import PROGRAM_LANES
 
 FLAG_WORD = tl.constexpr(32)  # 128 bytes past the counter
 BAR_WORDS = 64  # int32 words of a bar buffer that either hand-off can use
 LINE_WORDS = tl.constexpr(32)  # int32 words of a 128-byte line: one split counter a line
 SPLIT_MAX = 8  # counters `grid_handoff_split` spreads the arrivals over, at most
-SPLIT_WORDS = SPLIT_MAX * 32 + 32  # int32 words of a bar buffer for `grid_handoff_split` (and its abort word)
+# int32 words of a bar buffer for `grid_handoff_split`: a line a counter and one for its abort word
+SPLIT_WORDS = (SPLIT_MAX + 1) * LINE_WORDS.value
 
 
 @triton.jit
@@ -131,7 +132,7 @@ def grid_handoff_split(pid, bar_ptr, target, S: tl.constexpr, LD: tl.constexpr):
     polled by loads, 4.41 over 8 polled by RMWs): kept as the bench's evidence."""
     NL: tl.constexpr = 2 if S == 1 else (4 if S <= 3 else (8 if S <= 7 else 16))
     lane = tl.arange(0, NL)
-    tgt = (tl.full([], 0, tl.int64) + target).to(tl.int32)
+    tgt = wrap32(target)
     if S == 1:
         signal(bar_ptr, 1, False)
     else:

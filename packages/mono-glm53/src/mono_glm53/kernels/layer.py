@@ -403,7 +403,7 @@ KNOBS = {
                       "14.1 us where the norm's 8.5 went)",
     "absorb_gather": "Plan.ABG, the W_UK absorption tiles (a head and 64 columns each) requesting their three "
                      "64-row weight blocks first and summing q_nope's q_b partial slots once for all its 192 "
-                     "columns (16 slots' loads in flight a round at 1 row), where the default sums them per "
+                     "columns (8 slots' loads in flight a round at width 2, 2 at width 8), where the default sums them per "
                      "64-row block, 4 slots a round (12 dependent rounds at a TP8 rank); the q_pe RoPE items "
                      "tiles of their own after the index tiles, not ahead of a head's first absorption tile "
                      "(sm_90; the same bits): faster at 1 row (H100, served TP8 shard, ctx 4096: the layer 157.0 -> "

@@ -367,7 +367,8 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
                DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0,
                GVC: tl.constexpr = False):
-    # GVC (Plan.GVC, the knob `gemv_call`): the span a call of the kernel's one copy of its code
+    # GVC (Plan.GVC, the knob `gemv_call`): the span a call of the kernel's one copy of its code,
+    # else inlined (`gemv_span_call` CALL)
     # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
     # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
@@ -386,12 +387,8 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
     if P1 == 0 or pid < P1:
-        if GVC:
-            gemv_span_call(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM,
-                           BNS, BLK, PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
-        else:
-            gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS,
-                      BLK, PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
+        gemv_span_call(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS,
+                       BLK, PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, CALL=GVC)
     # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
     ip, inp = _index_programs(pid, nprog, P1)
     if P1 == 0 or ip >= 0:
@@ -518,19 +515,11 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
     # holds the quantised values and qns_ptr their scales (stage_latent's). GVC: each span a
     # call of the kernel's one copy of its code (Plan.GVC)
-    if GVC:
-        gemv_span_call(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8,
-                       qns_ptr, XQP, DOT=DOTF)
-    else:
-        gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
-                  XQP, DOT=DOTF)
+    gemv_span_call(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
+                   XQP, DOT=DOTF, CALL=GVC)
     if INDEXER:
-        if GVC:
-            gemv_span_call(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                           qns_ptr, XQP, DOT=DOTF)
-        else:
-            gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                      qns_ptr, XQP, DOT=DOTF)
+        gemv_span_call(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
+                       qns_ptr, XQP, DOT=DOTF, CALL=GVC)
         if TKF:
             # the top-k histograms zeroed here, not by the index scores, which add to them
             # (Plan.TKF), dealt from the last program down
@@ -559,8 +548,9 @@ def _absorb_gathered(t, h, cols, acc, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, x
                      KS3: tl.constexpr, BKN: tl.constexpr):
     """acc += q_nope[:W] of head h @ w_kc[h][:, cols] (Plan.ABG, the knob `absorb_gather`):
     the chunks' weight blocks requested first (they do not depend on q_b), then q_nope's KS3
-    partial slots summed for all NOPE columns at once, G slots' loads in flight a round (one
-    round at 1 row, where the tile form takes NOPE / BKN chunks of KS3 / 4 rounds each), rounded
+    partial slots summed for all NOPE columns at once, G slots' loads in flight a round (16 over W
+    rounded up to a power of two: 2 rounds of 8 for a TP8 rank's 16 slots at width 2, where the
+    tile form takes NOPE / BKN chunks of KS3 / 4 rounds each, 12 in all), rounded
     to bf16 into this tile's scratch rows xs_ptr [t, W, NOPE] and read back as the chunks' MMA
     operands. The same sums in the same order as the tile form: each element's slots from 0
     up, each chunk's product added to acc in chunk order. NOPE / BKN <= 4, NOPE <= 256."""
