@@ -5,7 +5,9 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
       hand-off after each, over L score sets (set l at scores + l * sc_lstride, [W, stride_sc]
       fp32); set l's histograms are the tkh slice l % 2 ([2, W, TKH_ROW] int32), and set l zeroes
       the other slice for set l + 1, so tkh needs zeroing once at allocation (L even keeps it
-      zero across graph replays); the result of every set lands in topk [W, TOPK]
+      zero across graph replays); the result of every set lands in topk [W, TOPK]. ROW > 0 (a
+      power of two, every row at most ROW tokens): each set's whole top-k by one program a row
+      (`topk.topk_rows_one`) and one hand-off, no histograms
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
@@ -27,33 +29,40 @@ import triton.language as tl
 from mono_common.stages.entries import grid_handoff
 from mono_common.stages.handoff import grid_handoff_flag, grid_handoff_split
 from mono_common.stages.mla import mla_combine, mla_partial
-from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_write
+from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_rows_one, topk_write
 
 
 @triton.jit
 def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
-                      nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr):
+                      nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
+                      ROW: tl.constexpr = 0):
     # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    zrow = tl.zeros([TKH_ROW], tl.int32)
     sl = scores_ptr
-    for li in range(L):
-        hb = tkh_ptr + (li % 2) * (W * TKH_ROW)
-        # the other slice was last read by set li - 1, whose reads ended before this set's first
-        # hand-off; set li + 1 reads it after this set's last
-        nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
-        for r in range(pid, W, nprog):
-            tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
-        base = li * 6
-        for ps in tl.static_range(4):
-            topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, ps)
-            grid_handoff(bar_ptr, (base + ps + 1) * nprog)
-        topk_count(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, nck, W, TOPK, True)
-        grid_handoff(bar_ptr, (base + 5) * nprog)
-        topk_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, topk_ptr, nck, W, TOPK, True)
-        grid_handoff(bar_ptr, (base + 6) * nprog)
-        sl += sc_lstride
+    if ROW > 0:
+        for li in range(L):
+            topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW)
+            grid_handoff(bar_ptr, (li + 1) * nprog)
+            sl += sc_lstride
+    else:
+        zrow = tl.zeros([TKH_ROW], tl.int32)
+        for li in range(L):
+            hb = tkh_ptr + (li % 2) * (W * TKH_ROW)
+            # the other slice was last read by set li - 1, whose reads ended before this set's first
+            # hand-off; set li + 1 reads it after this set's last
+            nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
+            for r in range(pid, W, nprog):
+                tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
+            base = li * 6
+            for ps in tl.static_range(4):
+                topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, ps)
+                grid_handoff(bar_ptr, (base + ps + 1) * nprog)
+            topk_count(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, nck, W, TOPK, True)
+            grid_handoff(bar_ptr, (base + 5) * nprog)
+            topk_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, topk_ptr, nck, W, TOPK, True)
+            grid_handoff(bar_ptr, (base + 6) * nprog)
+            sl += sc_lstride
 
 
 @triton.jit

@@ -368,10 +368,12 @@ def tk_row_threshold(k, inb, TOPK: tl.constexpr):
     the unsigned order (okey = okey32 + 2^31), the radix passes' threshold. The same value as
     `tk_prefix`'s four digits: both are that key."""
     t = tl.full([], 0, tl.int64)
-    for st in tl.static_range(16):
-        c1 = t | (1 << (30 - 2 * st))
-        c2 = t | (2 << (30 - 2 * st))
-        c3 = t | (3 << (30 - 2 * st))
+    # a loop, not unrolled: the layer runs this once a step from a cold instruction cache
+    for st in range(16):
+        sh = 30 - 2 * st
+        c1 = t | (tl.full([], 1, tl.int64) << sh)
+        c2 = t | (tl.full([], 2, tl.int64) << sh)
+        c3 = t | (tl.full([], 3, tl.int64) << sh)
         n1, n2, n3 = _count_ge3(k, inb, (c1 - 2147483648).to(tl.int32), (c2 - 2147483648).to(tl.int32),
                                 (c3 - 2147483648).to(tl.int32))
         t = tl.where(n3 >= TOPK, c3, tl.where(n2 >= TOPK, c2, tl.where(n1 >= TOPK, c1, t)))
