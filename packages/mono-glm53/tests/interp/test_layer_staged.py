@@ -408,30 +408,6 @@ def test_absorb_gather_sums_q_nope_once_a_tile_and_gives_the_default_bits(width,
     assert torch.equal(qa, qb) and not torch.isnan(qb.float()).any()
 
 
-@pytest.mark.parametrize("width,rows", [(2, 2), (4, 3)])
-def test_gemv_call_runs_the_spans_through_one_copy_and_gives_the_default_bits(width, rows):
-    """gemv_call (Plan.GVC): q_a/kv_a, q_b, the index wq_b and o_proj each call one copy of the
-    stream-K span's code with their shapes as runtime values: the outputs, the caches and each
-    GEMV's partial slots are the default's bits (a pad row at width 4). The partial buffers
-    cannot be poisoned: slots no span writes are zero by design (`gemv.gemv_span`)."""
-    import torch
-
-    from mono_glm53.kernels.harness import build_case, kernel_out
-    from mono_glm53.kernels.layer import GlmLayerKernel
-
-    s = tiny(index_heads=8)
-    c = build_case(s, rows, 40, True, seed=29)
-    got = {}
-    for gvc in (False, True):
-        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=5, device="cpu", gemv_call=gvc)
-        assert k.plan.GVC == gvc
-        got[gvc] = (kernel_out(c, k, "staged"), [t.clone() for t in (k.qkva, k.qb, k.iq, k.op)])
-    ((a, ca), pa), ((b, cb), pb) = got[False], got[True]
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
-    assert all(torch.equal(x, y) for x, y in zip(pa, pb)) and all(x.abs().sum() > 0 for x in pb)
-
-
 def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
     """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
     slot's counter back to zero. Three steps in a row, the last from a restart near the stage

@@ -72,10 +72,6 @@ KNOB_SETS = {
     # the absorption tiles summing q_nope once for all their chunks, the q_pe RoPE items tiles of
     # their own
     "absorb_gather": dict(absorb_gather=True),
-    # the stream-K GEMVs as calls of one copy of the span's code (one a form), and with the
-    # absorption gathered beside it
-    "gemv_call": dict(gemv_call=True),
-    "gemv_call_absorb": dict(gemv_call=True, absorb_gather=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

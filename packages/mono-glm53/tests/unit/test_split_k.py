@@ -431,23 +431,6 @@ def test_absorb_gather_sets_its_plan_and_refuses_what_it_cannot_build():
         _with_knobs(hip, s, 264, {"absorb_gather": True}, hip=True)
 
 
-def test_gemv_call_sets_its_plan_and_refuses_the_fixup_forms():
-    """gemv_call sets Plan.GVC; refused beside oproj_fixup and norm_in_router (which turns the
-    fixup on: the called span has no fixup form) and on gfx950 (its call ABI)."""
-    from mono_glm53.kernels.layer import _with_knobs, isa_options
-
-    s = REAL.tp_shard(8, 0)
-    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
-    p = _with_knobs(sm, s, 264, {"gemv_call": True})
-    assert p.GVC and not sm.GVC and dataclasses.replace(p, GVC=False) == sm
-    for other in ({"oproj_fixup": True}, {"norm_in_router": True}):
-        with pytest.raises(ValueError, match=r"gemv_call has no fixup form"):
-            _with_knobs(sm, s, 264, {"gemv_call": True, **other})
-    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
-    with pytest.raises(ValueError, match=r"gemv_call is sm_90's"):
-        _with_knobs(hip, s, 264, {"gemv_call": True}, hip=True)
-
-
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

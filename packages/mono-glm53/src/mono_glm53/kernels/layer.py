@@ -215,8 +215,6 @@ class Plan:
     # the absorption tiles' q_nope summed once a tile for all its chunks (their weights
     # requested first), the q_pe RoPE items tiles of their own (`absorb_gather`, a knob)
     ABG: bool = False
-    # the stream-K GEMVs as calls of one copy of the span's code a form (`gemv_call`, a knob)
-    GVC: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -406,14 +404,10 @@ KNOBS = {
                      "columns (8 slots' loads in flight a round at width 2, 2 at width 8), where the default sums them per "
                      "64-row block, 4 slots a round (12 dependent rounds at a TP8 rank); the q_pe RoPE items "
                      "tiles of their own after the index tiles, not ahead of a head's first absorption tile "
-                     "(sm_90; the same bits): faster at 1 row (H100, served TP8 shard, ctx 4096: the layer 157.0 -> "
-                     "155.3 us, the absorb stage 6.0 -> 4.0 us; 8 rows 279.1 -> 278.9), not yet a default: it "
-                     "spills (Triton 3.6: 28 bytes at width 2, where the default has none) and the suite has not run on it",
-    "gemv_call": "Plan.GVC, the stream-K GEMVs (q_a/kv_a, q_b, the index wq_b, o_proj) each a call of one "
-                 "copy of the span's code (mono_common.stages.gemv.gemv_span_call, its shapes runtime values; "
-                 "one copy for the producer-quantised inputs, one for o_proj's), where the default inlines "
-                 "~18 KB of sm_90 SASS at each call site, fetched cold at 1 row (sm_90; the same bits; "
-                 "not with oproj_fixup, whose spans sum their tiles in the GEMV)",
+                     "(sm_90; the same bits): a little faster (H100s, served TP8 shard, ctx 4096, the layer at 1 "
+                     "row 157.0 -> 155.3 us in session 30, 159.7 -> 159.0 in session 31, the absorb stage 6.0 -> "
+                     "4.0 us; 8 rows 279.1 -> 278.9 and 290.6 -> 287.2), not yet a default: it spills more "
+                     "(Triton 3.6 at width 2: 28 bytes, the default 4) and only its knob sets ran on the GPU",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -422,7 +416,7 @@ KNOBS = {
 # 20's, their code on branch wip/s19-stages: handoff_flag, mla_stages, qkva_fixup, qb_fixup,
 # norm_in_qkva, gateup_stages, latent_late, down_id_vector; session 21's, its code in commit
 # 3f5b139: weights_before_wait; session 30's (on an H100), their code in commit 8929f17:
-# handoff_loads, handoff_split
+# handoff_loads, handoff_split; session 31's (on an H100), its code in commit ce9db35: gemv_call
 
 
 # where next_layer_prefetch may request the next layer's first weights: the attention's quiet
@@ -666,14 +660,6 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"at most 8 rows (not {plan.W}): build without it")
         else:
             change["ABG"] = True
-    if k.get("gemv_call"):
-        if hip:
-            errors.append("gemv_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
-        elif change.get("FIX9", plan.FIX9):
-            errors.append("gemv_call has no fixup form: build it without oproj_fixup (and norm_in_router, "
-                          "which turns it on)")
-        else:
-            change["GVC"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")

@@ -80,7 +80,7 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
-from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span, gemv_span_call
+from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
@@ -365,10 +365,7 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
                ID: tl.constexpr, IH: tl.constexpr, INDEXER: tl.constexpr,
                IDX_FUSED: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
                KS1: tl.constexpr, KSI: tl.constexpr, BNS: tl.constexpr, PER1: tl.constexpr,
-               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0,
-               GVC: tl.constexpr = False):
-    # GVC (Plan.GVC, the knob `gemv_call`): the span a call of the kernel's one copy of its code,
-    # else inlined (`gemv_span_call` CALL)
+               DOTF: tl.constexpr, XQP: tl.constexpr, FASTCVT: tl.constexpr = False, P1: tl.constexpr = 0):
     # P1 > 0: programs 0..P1-1 run the q_a/kv_a spans (PER1 sized for P1 programs), programs
     # P1.. the index GEMVs' tiles, so no program runs both (`make_plan`)
     NIKW: tl.constexpr = ID + IH
@@ -387,8 +384,8 @@ def stage_qkva(pid, nprog, hn_ptr, wqkv_ptr, sqkv_ptr, qkva_ptr, wk_ptr, sk_ptr,
     # its loop is then live during that loop only (gfx950 has ~100 scalar registers).
     # XQP: the input addnorm quantised (hnq, scales hns); the index GEMVs below read hn
     if P1 == 0 or pid < P1:
-        gemv_span_call(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS,
-                       BLK, PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF, CALL=GVC)
+        gemv_span(pid, hnq_ptr if XQP else hn_ptr, H, wqkv_ptr, sqkv_ptr, qkva_ptr, NQKV, NQKV, H, W, BM, BNS,
+                  BLK, PER1, FMT_FP8, hns_ptr, XQP, DOT=DOTF)
     # P1 > 0: the index tiles on programs P1.., renumbered from 0 (programs below P1 get none)
     ip, inp = _index_programs(pid, nprog, P1)
     if P1 == 0 or ip >= 0:
@@ -511,15 +508,14 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False, GVC: tl.constexpr = False):
+             tkh_ptr=None, TKF: tl.constexpr = False):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's). GVC: each span a
-    # call of the kernel's one copy of its code (Plan.GVC)
-    gemv_span_call(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
-                   XQP, DOT=DOTF, CALL=GVC)
+    # holds the quantised values and qns_ptr their scales (stage_latent's)
+    gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
+              XQP, DOT=DOTF)
     if INDEXER:
-        gemv_span_call(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                       qns_ptr, XQP, DOT=DOTF, CALL=GVC)
+        gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
+                  qns_ptr, XQP, DOT=DOTF)
         if TKF:
             # the top-k histograms zeroed here, not by the index scores, which add to them
             # (Plan.TKF), dealt from the last program down
@@ -821,16 +817,12 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
 def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
                 W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, KO: tl.constexpr,
                 BNS: tl.constexpr, BLK: tl.constexpr, PER9: tl.constexpr, DOTF: tl.constexpr,
-                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0, GVC: tl.constexpr = False):
+                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
     # KSF > 0 (Plan.FIX9, a measurement knob): each column tile's last span sums its KSF slots
     # into slot 0 (`gemv.span_fixup`), so postnorm reads one (a one-rank postnorm's row
     # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18)
-    # GVC (Plan.GVC): the span a call of the kernel's one copy of its unquantised-x form
-    if GVC:
-        gemv_span_call(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF)
-    else:
-        gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF,
-                  fix_ptr=fix_ptr, epoch=epoch, KSF=KSF)
+    gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF,
+              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF)
 
 
 @triton.jit
@@ -1566,9 +1558,6 @@ def layer_kernel(
     # requested first, the q_pe RoPE items tiles of their own (Plan.ABG, a measurement knob:
     # `_absorb_gathered`)
     ABG: tl.constexpr = False,
-    # the stream-K GEMVs (q_a/kv_a, q_b, wq_b, o_proj) calls of one copy of the span's code a
-    # form (Plan.GVC, a measurement knob: mono_common.stages.gemv.gemv_span_call)
-    GVC: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1630,7 +1619,7 @@ def layer_kernel(
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
                        _p(row, P.IKW, f32), _p(row, P.HNQ, bf16), _p(row, P.HNS, f32), W, BM, H, NQKV, ID, IH,
-                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1, GVC)
+                       INDEXER, IDX_FUSED, BN, BLK, KS1, KSI, BNS, PER1, DOTF, XQP, FASTCVT, P1)
     if FUSED and FIRST == 0 and (PFS & PFS_QB) != 0:
         _prefetch_pf(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF, PFN)
         if INDEXER:
@@ -1650,7 +1639,7 @@ def layer_kernel(
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.TKH, i32) if TKF else None, TKF, GVC)
+                     _p(row, P.TKH, i32) if TKF else None, TKF)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1734,7 +1723,7 @@ def layer_kernel(
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
-                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0, GVC)
+                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0)
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
