@@ -199,6 +199,8 @@ class Plan:
     # row (mono_common.stages.topk.topk_rows_one), hand-offs 8-11 only signalled (`topk_row`, a
     # knob; 0: the radix stages every step)
     TKR: int = 0
+    # the row top-k's threshold search, bits a step: 2 or 4 (`topk_row_bits`, a knob)
+    TKB: int = 2
     # where the weights' L2 prefetches are issued when PFN >= 0: a bit a site
     # (`stages.PFS_SITES`; `prefetch_sites`, a knob; 15: start, qb, oproj and down)
     PFS: int = 15
@@ -382,7 +384,11 @@ KNOBS = {
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
                 "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
                 "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
-                "~60 us against the radix stages' 21)",
+                "~60 us against the radix stages' 21; with mono-common 0.1.22's looped search 157.5 -> 161.4 "
+                "us, the row top-k ~28 us against ~22)",
+    "topk_row_bits": "Plan.TKB, topk_row's threshold search 2 (the default) or 4 bits a step (mono_common's "
+                     "tk_row_threshold4: 8 steps of 15 candidates counted at once instead of 16 steps of 3; "
+                     "the same entries; sm_90, with topk_row; not yet timed)",
     "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
                    "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
                    "(sm_90; the same bits; each head combined once per tile of it): slower (H100, served TP8 shard, ctx 4096: "
@@ -722,6 +728,16 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "build it without hist_in_scores false and without radix_loop")
         elif v:
             change["TKR"] = v
+    if "topk_row_bits" in k:
+        b = k["topk_row_bits"]
+        if isinstance(b, bool) or b not in (2, 4):
+            errors.append(f"topk_row_bits {b!r} is not 2 or 4")
+        elif not (k.get("topk_row") or plan.TKR):
+            errors.append("topk_row_bits needs topk_row (it sets the row top-k's search)")
+        elif b == 4 and hip:
+            errors.append("topk_row_bits 4 spills on gfx950: build without it")
+        else:
+            change["TKB"] = b
     if "code_pad" in k:
         from mono_glm53.kernels.stages import STAGE_NAMES
 

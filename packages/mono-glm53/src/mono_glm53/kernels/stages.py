@@ -1436,7 +1436,7 @@ def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
 @triton.jit
 def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                  TKR: tl.constexpr, SYC: tl.constexpr):
+                  TKR: tl.constexpr, SYC: tl.constexpr, TKB: tl.constexpr = 2):
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
     stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
     here), stage 7 waits for the scores and gives each row's whole top-k to one program
@@ -1450,7 +1450,7 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
             ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
         if ok:
             _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR)
+                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR, TKB)
     for s in tl.static_range(8, 12):
         if FIRST <= s and LAST >= s:
             if ok:
@@ -1542,6 +1542,8 @@ def layer_kernel(
     # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
     # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
     TKR: tl.constexpr = 0,
+    # the row top-k's threshold search, bits a step (Plan.TKB, a measurement knob with TKR)
+    TKB: tl.constexpr = 2,
     # where the weights' L2 prefetches are issued (Plan.PFS, bits PFS_*; the knob
     # `prefetch_sites`), when PFN >= 0
     PFS: tl.constexpr = 15,
@@ -1674,7 +1676,8 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
-            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC,
+                               TKB)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
