@@ -370,7 +370,8 @@ def tk_row_threshold(k, inb, TOPK: tl.constexpr):
     the unsigned order (okey = okey32 + 2^31), the radix passes' threshold. The same value as
     `tk_prefix`'s four digits: both are that key."""
     t = tl.full([], 0, tl.int64)
-    # a loop, not unrolled: the layer runs this once a step from a cold instruction cache
+    # a loop, not unrolled: unrolled, 4 warps took 23.4 us a row of 4096 keys alone against
+    # 13.6 as a loop, with 4x the code (H100, session 31)
     for st in range(16):
         sh = 30 - 2 * st
         c1 = t | (tl.full([], 1, tl.int64) << sh)
