@@ -294,6 +294,44 @@ def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, 
     assert (hb[:2, 256:].sum() == 0) == row_path and ha[:2, 256:].sum() > 0
 
 
+@pytest.mark.parametrize("tkr,row_path,nprog", [(1024, True, 5), (1024, True, 4), (512, False, 5)],
+                         ids=["rows-fit", "no-program-without-a-row", "a-row-too-long"])
+def test_topk_row_absorb_runs_the_absorption_beside_the_row_topk_and_gives_the_default_bits(tkr, row_path, nprog):
+    """topk_row_absorb (Plan.TKA): in a row top-k step the absorption and q_pe RoPE tiles run in
+    stage 7 on the programs without a row (all programs, after their rows, where there are no
+    more programs than rows: 4 programs at width 4), stage 4 the index tiles alone; a step with
+    a longer row runs them all in stage 4 as the default. q_abs poisoned before the step: a
+    tile that ran nowhere leaves NaN. Outputs, caches and q_abs are the default's bits; after
+    stages 0-4 alone q_abs is still poisoned on the row path (its tiles moved) and filled
+    without."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 600, True, seed=37, ctxs=[600, 530, 9])
+    got = []
+    for knobs in ({}, {"topk_row": tkr, "topk_row_absorb": True}):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=nprog, device="cpu", **knobs)
+        assert k.plan.TKA == bool(knobs)
+        k.qabs.fill_(float("nan"))
+        got.append((kernel_out(c, k, "staged"), k.qabs[:3].clone()))
+    ((a, ca), qa), ((b, cb), qb) = got
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert torch.equal(qa, qb) and not torch.isnan(qb.float()).any()
+    # stages 0-4 alone: the row path left the absorption to stage 7
+    from mono_glm53 import reference as ref
+
+    k.qabs.fill_(float("nan"))
+    k.set_inputs(c.hidden, c.residual, c.inputs)
+    k.launch(ref.LayerCaches(kv=c.caches.kv.clone(), index_k=c.caches.index_k.clone()), mode="staged",
+             stages=range(5))
+    assert bool(torch.isnan(k.qabs[:3].float()).all()) == row_path
+    assert row_path or not torch.isnan(k.qabs[:3].float()).any()
+
+
 def test_oproj_fixup_sums_each_column_tile_once_and_gives_the_default_bits():
     """oproj_fixup (Plan.FIX9): each o_proj column tile's last span sums the tile's partial
     slots into slot 0 and postnorm reads that slot alone; the outputs and caches are the

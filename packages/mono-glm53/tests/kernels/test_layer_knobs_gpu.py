@@ -66,6 +66,8 @@ KNOB_SETS = {
     "topk_row": dict(topk_row=True),
     # and its threshold searched 4 bits a step
     "topk_row4": dict(topk_row=True, topk_row_bits=4),
+    # and the absorption moved beside it, off the index scores' path
+    "topk_row_absorb": dict(topk_row=True, topk_row_absorb=True),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded
     "wuv_combine": dict(wuv_combine=True),
     # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off

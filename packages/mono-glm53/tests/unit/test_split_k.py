@@ -220,6 +220,21 @@ def test_topk_row_bits_picks_the_row_search_with_topk_row_on_sm90():
     assert "topk_row spills gfx950's registers" in str(e.value)  # every reason at once
 
 
+def test_topk_row_absorb_moves_the_absorption_with_topk_row_on_sm90():
+    """topk_row_absorb sets Plan.TKA beside topk_row; without topk_row or on gfx950 refused."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    p = _with_knobs(sm, s, 264, {"topk_row": True, "topk_row_absorb": True})
+    assert not sm.TKA and p.TKA and dataclasses.replace(p, TKA=False) == _with_knobs(sm, s, 264, {"topk_row": True})
+    with pytest.raises(ValueError, match=r"topk_row_absorb needs topk_row"):
+        _with_knobs(sm, s, 264, {"topk_row_absorb": True})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"topk_row_absorb is sm_90's"):
+        _with_knobs(hip, s, 264, {"topk_row": 2048, "topk_row_absorb": True}, hip=True)
+
+
 def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
     """postnorm_spread sets Plan.PNC to `addnorm_chunks`'s count (24 at 8 rows of a TP8 rank on
     264 programs); a rank of a world (its all-reduced rows have no test in that form yet), a

@@ -201,6 +201,9 @@ class Plan:
     TKR: int = 0
     # the row top-k's threshold search, bits a step: 2 or 4 (`topk_row_bits`, a knob)
     TKB: int = 2
+    # a row top-k step's absorption and q_pe RoPE tiles beside the row top-k in stage 7, stage 4
+    # the index tiles alone (`topk_row_absorb`, a knob)
+    TKA: bool = False
     # where the weights' L2 prefetches are issued when PFN >= 0: a bit a site
     # (`stages.PFS_SITES`; `prefetch_sites`, a knob; 15: start, qb, oproj and down)
     PFS: int = 15
@@ -389,6 +392,10 @@ KNOBS = {
     "topk_row_bits": "Plan.TKB, topk_row's threshold search 2 (the default) or 4 bits a step (mono_common's "
                      "tk_row_threshold4: 8 steps of 15 candidates counted at once instead of 16 steps of 3; "
                      "the same entries; sm_90, with topk_row; not yet timed)",
+    "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
+                       "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
+                       "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
+                       "path (sm_90, with topk_row; the same bits; not yet timed)",
     "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
                    "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
                    "(sm_90; the same bits; each head combined once per tile of it): slower (H100, served TP8 shard, ctx 4096: "
@@ -728,6 +735,13 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "build it without hist_in_scores false and without radix_loop")
         elif v:
             change["TKR"] = v
+    if k.get("topk_row_absorb"):
+        if hip:
+            errors.append("topk_row_absorb is sm_90's (it comes with topk_row): build without it")
+        elif not (k.get("topk_row") or plan.TKR):
+            errors.append("topk_row_absorb needs topk_row (it moves the absorption beside the row top-k)")
+        else:
+            change["TKA"] = True
     if "topk_row_bits" in k:
         b = k["topk_row_bits"]
         if isinstance(b, bool) or b not in (2, 4):

@@ -27,7 +27,8 @@ Stage list (index: what it does; who reads its output):
   10 TKCOUNT   per chunk: keys above the threshold and keys equal to it
   11 TKWRITE   per chunk: its keys' slots after the earlier chunks' counts -> topk
                (Plan.TKR, a knob: a step whose rows are all short takes its whole top-k in
-               stage 7, one program a row; hand-offs 8-11 only signal)
+               stage 7, one program a row; hand-offs 8-11 only signal; Plan.TKA with it: stage
+               4's absorption and q_pe RoPE tiles run in stage 7 on the programs without a row)
   12 MLA       sparse MLA over the selected tokens, split over token chunks: each chunk's
                unnormalised output and (max, sum) per (row, head)
   13 MLACOMB   the chunks combined in chunk order, per (row, head, 64-column block) -> attn
@@ -596,10 +597,13 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
                  RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
                  KS3: tl.constexpr, KSQ: tl.constexpr, INDEXER: tl.constexpr,
                  IDX_FUSED: tl.constexpr, HADAMARD: tl.constexpr, MLA_NEOX: tl.constexpr,
-                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, HWQ: tl.constexpr = False, ABG: tl.constexpr = False):
+                 IDX_NEOX: tl.constexpr, GS: tl.constexpr, HWQ: tl.constexpr = False, ABG: tl.constexpr = False,
+                 part=0):
     # ABG (Plan.ABG, the knob `absorb_gather`): the absorption tiles as `_absorb_gathered`
     # (their x scratch past the rope scratch: ABX), and the q_pe RoPE items as tiles of their
-    # own after the index tiles, not before a head's first absorption tiles
+    # own after the index tiles, not before a head's first absorption tile. part (Plan.TKA, the
+    # knob `topk_row_absorb`): 0 every tile; 1 the index tiles only (stage 4 of a row top-k
+    # step); 2 the absorption and RoPE tiles only (stage 7, beside the row top-k)s
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -619,7 +623,9 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
     T3: tl.constexpr = W * NH if ABG else 0
     ABX: tl.constexpr = W * RD + W * ID + W * IH * ID + W * NH * RD
     kk = tl.arange(0, BKN)
-    for t in range(pid, T1 + T2 + T3, nprog):
+    nt = T1 + T2 + T3 - (part == 1) * (T1 + T3) - (part == 2) * T2
+    for u in range(pid, nt, nprog):
+        t = u + (part == 1) * T1 + ((part == 2) & (u >= T1)) * T2
         if t < T1:
             h = t // NCB
             cb = t % NCB
@@ -1434,14 +1440,27 @@ def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
 
 
 @triton.jit
+def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXER: tl.constexpr,
+              PART: tl.constexpr):
+    """stage_absorb's part for stage 4: PART (the index tiles alone) in a step that takes the row
+    top-k with the absorption beside it (Plan.TKA: every program reads the same lengths, so
+    every program takes the same part), else 0 (every tile)."""
+    if TKA and TKR > 0 and INDEXER:
+        part = tl.where(_tk_rows_short(_p(row, P.SEQLEN, tl.int32), W, TKR), PART, 0)
+    else:
+        part = 0
+    return part
+
+
+@triton.jit
 def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                   TKR: tl.constexpr, SYC: tl.constexpr, TKB: tl.constexpr = 2):
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
     stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
     here), stage 7 waits for the scores and gives each row's whole top-k to one program
-    (`topk_rows_one`), hand-offs 8-11 only signal (`_signal_only`): hand-off 12 orders the
-    rows' writes before the MLA as hand-off 8 would have."""
+    (`topk_rows_one`); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-off 12 orders
+    the rows' writes before the MLA as hand-off 8 would have."""
     if FIRST <= 6 and LAST >= 6:
         if ok:
             ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
@@ -1451,6 +1470,13 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
         if ok:
             _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                            _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR, TKB)
+    return ok
+
+
+@triton.jit
+def _tkrow_signals(row, ok, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
+                   CLOCK: tl.constexpr):
+    """Hand-offs 8-11 of a row top-k step, signalled only (`_tkrow_stages`)."""
     for s in tl.static_range(8, 12):
         if FIRST <= s and LAST >= s:
             if ok:
@@ -1544,6 +1570,9 @@ def layer_kernel(
     TKR: tl.constexpr = 0,
     # the row top-k's threshold search, bits a step (Plan.TKB, a measurement knob with TKR)
     TKB: tl.constexpr = 2,
+    # a row top-k step's absorption and q_pe RoPE tiles in stage 7 beside the row top-k, by the
+    # programs without a row, stage 4 the index tiles alone (Plan.TKA, a measurement knob with TKR)
+    TKA: tl.constexpr = False,
     # where the weights' L2 prefetches are issued (Plan.PFS, bits PFS_*; the knob
     # `prefetch_sites`), when PFN >= 0
     PFS: tl.constexpr = 15,
@@ -1652,7 +1681,7 @@ def layer_kernel(
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
-                         MLA_NEOX, IDX_NEOX, GS, HWQ, ABG)
+                         MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, _tka_part(row, W, TKR, TKA, INDEXER, 1))
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ) != 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
@@ -1678,6 +1707,18 @@ def layer_kernel(
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
             ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC,
                                TKB)
+            if TKA and FIRST <= 7 and LAST >= 7:
+                # the programs below the rows' (all of them when there are no more programs
+                # than rows: after their rows)
+                anp = nprog - W if nprog > W else nprog
+                if ok and pid < anp:
+                    stage_absorb(pid, anp, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
+                                 _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
+                                 _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
+                                 _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB),
+                                 _sf(row, P.HSCALE), W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
+                                 HADAMARD, MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, 2)
+            ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
