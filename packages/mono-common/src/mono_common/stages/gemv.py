@@ -203,21 +203,16 @@ def _span_called(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, PER, xs_ptr,
 @triton.jit
 def gemv_span_call(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, W: tl.constexpr, BM: tl.constexpr,
                    BN: tl.constexpr, BLK: tl.constexpr, PER, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
-                   DOT: tl.constexpr = 0, FASTCVT: tl.constexpr = False, CALL: tl.constexpr = True):
+                   DOT: tl.constexpr = 0, FASTCVT: tl.constexpr = False):
     """`gemv_span` (no register prefetch, the k-loop as Triton pipelines it, no fixup) as a call
     of ONE copy of its code whose shapes (sx, N, NSTR, K, PER) are runtime values: the GEMVs of
     a kernel that share W, BM, BN, BLK, FMT, XQ, DOT and FASTCVT share its code, so a launch
     that runs several of them fetches it once (a stream-K span inlined is ~18 KB of sm_90 SASS
     at GLM-5.3's shapes, fetched cold at each call site at 1 row: ~0.3 us a KB). The same sums
-    in the same order as `gemv_span`. Without XQ, xs_ptr is not read (x_ptr stands in). CALL
-    False: `gemv_span` inlined with these arguments, so a caller picks the form by a constexpr."""
-    if CALL:
-        zero = tl.zeros([], tl.int32)
-        _span_called(p, x_ptr, sx + zero, w_ptr, s_ptr, out_ptr, N + zero, NSTR + zero, K + zero, PER + zero,
-                     xs_ptr if XQ else x_ptr, W, BM, BN, BLK, FMT, XQ, DOT, FASTCVT)
-    else:
-        gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, DOT=DOT,
-                  FASTCVT=FASTCVT)
+    in the same order as `gemv_span`. Without XQ, xs_ptr is not read (x_ptr stands in)."""
+    zero = tl.zeros([], tl.int32)
+    _span_called(p, x_ptr, sx + zero, w_ptr, s_ptr, out_ptr, N + zero, NSTR + zero, K + zero, PER + zero,
+                 xs_ptr if XQ else x_ptr, W, BM, BN, BLK, FMT, XQ, DOT, FASTCVT)
 
 
 @triton.jit

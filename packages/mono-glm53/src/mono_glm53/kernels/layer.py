@@ -735,10 +735,12 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "build it without hist_in_scores false and without radix_loop")
         elif v:
             change["TKR"] = v
+    # the two knobs that shape the row top-k: asked for with it (refused or not) or on its plan
+    row_topk = bool(k.get("topk_row") or plan.TKR)
     if k.get("topk_row_absorb"):
         if hip:
             errors.append("topk_row_absorb is sm_90's (it comes with topk_row): build without it")
-        elif not (k.get("topk_row") or plan.TKR):
+        elif not row_topk:
             errors.append("topk_row_absorb needs topk_row (it moves the absorption beside the row top-k)")
         else:
             change["TKA"] = True
@@ -746,7 +748,7 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         b = k["topk_row_bits"]
         if isinstance(b, bool) or b not in (2, 4):
             errors.append(f"topk_row_bits {b!r} is not 2 or 4")
-        elif not (k.get("topk_row") or plan.TKR):
+        elif not row_topk:
             errors.append("topk_row_bits needs topk_row (it sets the row top-k's search)")
         elif b == 4 and hip:
             errors.append("topk_row_bits 4 spills on gfx950: build without it")

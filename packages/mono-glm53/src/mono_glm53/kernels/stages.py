@@ -603,7 +603,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
     # (their x scratch past the rope scratch: ABX), and the q_pe RoPE items as tiles of their
     # own after the index tiles, not before a head's first absorption tile. part (Plan.TKA, the
     # knob `topk_row_absorb`): 0 every tile; 1 the index tiles only (stage 4 of a row top-k
-    # step); 2 the absorption and RoPE tiles only (stage 7, beside the row top-k)s
+    # step); 2 the absorption and RoPE tiles only (stage 7, beside the row top-k)
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -1440,13 +1440,12 @@ def _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST: tl.constexpr, LAST: tl.
 
 
 @triton.jit
-def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXER: tl.constexpr,
-              PART: tl.constexpr):
-    """stage_absorb's part for stage 4: PART (the index tiles alone) in a step that takes the row
+def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXER: tl.constexpr):
+    """stage_absorb's part for stage 4: 1 (the index tiles alone) in a step that takes the row
     top-k with the absorption beside it (Plan.TKA: every program reads the same lengths, so
     every program takes the same part), else 0 (every tile)."""
     if TKA and TKR > 0 and INDEXER:
-        part = tl.where(_tk_rows_short(_p(row, P.SEQLEN, tl.int32), W, TKR), PART, 0)
+        part = tl.where(_tk_rows_short(_p(row, P.SEQLEN, tl.int32), W, TKR), 1, 0)
     else:
         part = 0
     return part
@@ -1456,7 +1455,7 @@ def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXE
 def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                   TKR: tl.constexpr, SYC: tl.constexpr, TKB: tl.constexpr = 2):
-    """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
+    """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
     stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
     here), stage 7 waits for the scores and gives each row's whole top-k to one program
     (`topk_rows_one`); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-off 12 orders
@@ -1681,7 +1680,7 @@ def layer_kernel(
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
                          _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
-                         MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, _tka_part(row, W, TKR, TKA, INDEXER, 1))
+                         MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, _tka_part(row, W, TKR, TKA, INDEXER))
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ) != 0:
         # o_proj, the router and the shared expert: ~20 MB at the TP8 shard, requested ahead of
         # the index scores, the top-k and the attention (~40 us of little HBM traffic)
