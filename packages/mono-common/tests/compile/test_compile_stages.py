@@ -124,17 +124,16 @@ def test_topk_short_rows_counted_by_the_write_compile_without_spills_on_sm90(sta
     assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
 
 
-@pytest.mark.parametrize("target,short,bits", [("sm_90", 4096, 2), ("sm_90", 4096, 4), ("gfx950", 2048, 2)])
-def test_topk_one_program_a_row_compiles_without_spills(target, short, bits, record_property):
+@pytest.mark.parametrize("target,short", [("sm_90", 4096), ("gfx950", 2048)])
+def test_topk_one_program_a_row_compiles_without_spills(target, short, record_property):
     """The whole top-k by one program a row (`topk_rows_one`, entry STAGE 6) at the longest
-    rows each ISA holds without spilling, the threshold searched 2 or 4 bits a step: sm_90 4096
-    keys (128 registers under Triton 3.8 with the 2-bit search a loop, mono-glm53's topk_row),
-    gfx950 2048 (at 4096 the 2-bit form spills 18 bytes; the 4-bit form 29 at 2048, so the
-    hosts refuse it on ROCm: `small_host.check_row_bits`; Triton 3.8)."""
+    rows each ISA holds without spilling: sm_90 4096 keys (128 registers under Triton 3.8 with
+    the threshold search a loop, mono-glm53's topk_row), gfx950 2048 (at 4096 it spills 18
+    bytes, Triton 3.8)."""
     from mono_common.stages import entries
 
-    res = cc.compile_kernel(entries.topk_entry, SMALL[0][2], dict(W=8, TOPK=2048, STAGE=6, SHORT=short, BITS=bits),
-                            target, num_warps=4, pointer_align=16, num_stages=STAGES[target], amd_buffer_ops=False)
+    res = cc.compile_kernel(entries.topk_entry, SMALL[0][2], dict(W=8, TOPK=2048, STAGE=6, SHORT=short), target,
+                            num_warps=4, pointer_align=16, num_stages=STAGES[target], amd_buffer_ops=False)
     record_property("resources", cc.format_resources(res))
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
@@ -161,8 +160,7 @@ LINKED = [
      [dict(W=w, TOPK=2048, stride_sc=200000, nck=782, sc_lstride=w * 200000) for w in (1, 8)], ("sm_90", "gfx950")),
     # the bench's "row" variant: one program a row of 4096 keys, which spills on gfx950 (18 bytes)
     ("topk-row", "topk_linked_entry", TOPK_LINKED_SIG,
-     [dict(W=w, TOPK=2048, stride_sc=4096, nck=16, sc_lstride=w * 4096, ROW=4096, BITS=b) for w in (1, 8)
-      for b in (2, 4)], ("sm_90",)),
+     [dict(W=w, TOPK=2048, stride_sc=4096, nck=16, sc_lstride=w * 4096, ROW=4096) for w in (1, 8)], ("sm_90",)),
     ("mla", "mla_entry", MLA_SIG, [_mla(w, 64, m) for w in (1, 8) for m in (0, 2)], ("sm_90", "gfx950")),
     # the bench's 16-token chunks (four times the tiles at one row): the combine unrolled over 128
     # chunks beside the partials holds more than gfx950's 106 SGPRs (5 spilled), so sm_90 only

@@ -62,26 +62,22 @@ def test_every_stage_checks_and_times_its_case(one_call_timer, tmp_path):
     B.plot(res, str(tmp_path / "stages_bench.png"))
 
 
-@pytest.mark.parametrize("variant", ["row", "row4"])
-def test_the_row_topk_variants_check_and_hand_off_once_a_set(one_call_timer, variant):
-    """`row` / `row4`: the sets' whole top-k by one program a row (`topk.topk_rows_one`, its
-    threshold 2 / 4 bits a step), one hand-off a set; the same integers as the reference."""
-    job = B.Job("topk", (600, 128), 3, variant, 1)
+def test_the_row_topk_variant_checks_and_hands_off_once_a_set(one_call_timer):
+    """`row`: the sets' whole top-k by one program a row (`topk.topk_rows_one`), one hand-off a
+    set; the same integers as the reference (ties in index order)."""
+    job = B.Job("topk", (600, 128), 3, "row", 1)
     (row,) = B.bench_jobs(torch, torch.device("cpu"), [job], ceiling=4.0, replays=3, out=lambda s: None)
     assert row.get("error") is None and row["check"] == "exact", row
-    assert row["variant"] == variant and row["handoffs_per_set"] == 1 and row["L"] == 4
+    assert row["variant"] == "row" and row["handoffs_per_set"] == 1 and row["L"] == 4
 
 
 def test_a_row_top_k_longer_than_its_rows_is_refused():
     from mono_common.stages import linked_host as LH
 
     bufs = LH.topk_buffers(1, 600, 128, "cpu")
-    seqlen = torch.full((1,), 600, dtype=torch.int32)
     for row in (512, 768):
         with pytest.raises(ValueError, match=f"row {row} must be a power of two of at least the rows' 600 keys"):
-            LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, row)
-    with pytest.raises(ValueError, match="row_bits 8 is not 2 or 4"):
-        LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, 1024, 8)
+            LH.launch_topk_linked(torch.zeros(2, 1, 600), torch.full((1,), 600, dtype=torch.int32), bufs, 1, row)
 
 
 def test_a_failing_check_is_reported_and_still_timed(one_call_timer, monkeypatch):

@@ -95,19 +95,18 @@ def test_radix_topk_ties_resolve_in_index_order(first_tile, short, once):
 @pytest.mark.parametrize("lens,k,row", [((700, 40, 300, 1), 128, 1024), ((256, 257, 512, 33), 128, 512),
                                          ((300, 129, 128), 128, 512), ((1024,), 1000, 1024)],
                          ids=["long-short", "chunk-edges", "at-k", "k-near-row"])
-@pytest.mark.parametrize("bits", [2, 4])
-def test_row_topk_gives_the_radix_stages_integers(lens, k, row, bits):
+def test_row_topk_gives_the_radix_stages_integers(lens, k, row):
     """One program a row (`topk_rows_one`, 2 programs over the rows from the last down): the
     radix stages' entries exactly, over scores of both signs with repeated values (ties
     across chunk edges, -0.0 below 0.0 in key order, as the radix passes order them) and
-    rows at, under and over k; the threshold searched 2 or 4 bits a step."""
+    rows at, under and over k."""
     g = torch.Generator().manual_seed(sum(lens) + k)
     L = max(lens)
     scores = torch.randint(-40, 40, (len(lens), L), generator=g).float() / 8  # many ties
     scores[:, ::7] = -0.0
     seqlen = torch.tensor(lens, dtype=torch.int32)
     want = H.run_topk(scores, seqlen, k, nprog=3)
-    got = H.run_topk(scores, seqlen, k, nprog=2, row=row, row_bits=bits)
+    got = H.run_topk(scores, seqlen, k, nprog=2, row=row)
     assert torch.equal(got, want)
     for m, n in enumerate(lens):
         if n > k:
@@ -117,9 +116,8 @@ def test_row_topk_gives_the_radix_stages_integers(lens, k, row, bits):
             assert got[m].tolist() == list(range(n)) + [-1] * (k - n), m
 
 
-@pytest.mark.parametrize("bits", [2, 4])
-def test_row_topk_threshold_is_the_kth_key_over_the_whole_key_range(bits):
-    """The threshold search (2 or 4 bits a step) reaches every bit of the key: scores spanning
+def test_row_topk_threshold_is_the_kth_key_over_the_whole_key_range():
+    """The two-bits-a-step threshold search reaches every bit of the key: scores spanning
     the float range (subnormals, huge, negative, inf) and a k-th key that differs from its
     neighbours only in the lowest mantissa bit; a row longer than `row` takes the radix
     stages instead (the host's fallback)."""
@@ -128,14 +126,12 @@ def test_row_topk_threshold_is_the_kth_key_over_the_whole_key_range(bits):
                          1.0000002, 7.0])
     scores = base[None].repeat(2, 1)
     seqlen = torch.tensor([12, 12], dtype=torch.int32)
-    got = H.run_topk(scores, seqlen, k, nprog=1, row=16, row_bits=bits)
+    got = H.run_topk(scores, seqlen, k, nprog=1, row=16)
     # above the 5th largest (1.0000002): inf, 3e38, 7.0, 2.0 in index order, then the tie
     assert got[0].tolist() == [3, 6, 9, 11, 10] and torch.equal(got[0], got[1])
     long = torch.randn(1, 40, generator=torch.Generator().manual_seed(3))
-    assert torch.equal(H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2, row=32, row_bits=bits),
+    assert torch.equal(H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2, row=32),
                        H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2))
-    with pytest.raises(ValueError, match="row_bits 3 is not 2 or 4"):
-        H.run_topk(scores, seqlen, k, nprog=1, row=16, row_bits=3)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -214,17 +210,3 @@ def test_hadamard_matches_the_reference():
     x = torch.randn(2, 128, generator=g)
     got = H.run_hadamard(x, 128 ** -0.5)
     assert torch.allclose(got, hadamard_rotate(x), rtol=1e-5, atol=1e-5)
-
-
-def test_the_four_bit_row_search_is_refused_on_rocm(monkeypatch):
-    """row_bits 4 spills on gfx950 (29 registers at 2048 keys): a ROCm device is refused with
-    the form that fits; CUDA and the CPU take it."""
-    from mono_common.stages.small_host import check_row_bits
-
-    check_row_bits(4, "cpu")
-    monkeypatch.setattr(torch.version, "hip", None)
-    check_row_bits(4, "cuda")
-    monkeypatch.setattr(torch.version, "hip", "6.4")
-    check_row_bits(2, "cuda")
-    with pytest.raises(ValueError, match="row_bits 4 spills on gfx950 .*: use row_bits 2 on ROCm"):
-        check_row_bits(4, "cuda")

@@ -262,15 +262,13 @@ def test_radix_prefix_once_derives_each_rows_threshold_once_and_gives_the_defaul
     assert (ta[:3] >= 0).sum() == 16 + 16 + 9
 
 
-@pytest.mark.parametrize("tkr,row_path,bits", [(1024, True, 2), (1024, True, 4), (512, False, 2)],
-                         ids=["rows-fit", "rows-fit-4-bits", "a-row-too-long"])
-def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, row_path, bits):
+@pytest.mark.parametrize("tkr,row_path", [(1024, True), (512, False)], ids=["rows-fit", "a-row-too-long"])
+def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, row_path):
     """topk_row (Plan.TKR): a step whose rows all have at most TKR tokens takes its whole top-k
     in stage 7, one program a row, stages 8-11 only signalling; a step with a longer row takes
     the radix stages. Rows of 600, 530 and 9 tokens (top 16) on 4 programs: with TKR 1024 the
     row path (radix passes 1-3 leave their histograms empty), with 512 the radix stages (the
-    600-token row is longer); the top-k and the layer are the default's either way, the row
-    path's threshold searched 2 or 4 bits a step (topk_row_bits)."""
+    600-token row is longer); the top-k and the layer are the default's either way."""
     import torch
 
     from mono_glm53.kernels.harness import build_case, kernel_out
@@ -280,9 +278,8 @@ def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, 
     c = build_case(s, 3, 600, True, seed=31, ctxs=[600, 530, 9])
     got = []
     for knob in (None, tkr):
-        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_row=knob,
-                           topk_row_bits=bits if knob else None)
-        assert k.plan.TKF and k.plan.TKR == (knob or 0) and k.plan.TKB == (bits if knob else 2)
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_row=knob)
+        assert k.plan.TKF and k.plan.TKR == (knob or 0)
         got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.topk.clone()))
     ((a, ca), ha, ta), ((b, cb), hb, tb) = got
     assert torch.equal(ta, tb) and (ta[:3] >= 0).sum() == 16 + 16 + 9

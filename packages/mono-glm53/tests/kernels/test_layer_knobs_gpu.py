@@ -64,8 +64,6 @@ KNOB_SETS = {
     # the whole top-k of a step with rows of at most 4096 tokens in one stage, one program a
     # row (ctx 4096: every step; ctx 1000: rows at most k take the row path's short writer)
     "topk_row": dict(topk_row=True),
-    # and its threshold searched 4 bits a step
-    "topk_row4": dict(topk_row=True, topk_row_bits=4),
     # and the absorption moved beside it, off the index scores' path
     "topk_row_absorb": dict(topk_row=True, topk_row_absorb=True),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded

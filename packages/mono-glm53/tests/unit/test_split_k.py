@@ -200,26 +200,6 @@ def test_topk_row_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_sm90
         _with_knobs(hip, s, 264, {"topk_row": True}, hip=True)
 
 
-def test_topk_row_bits_picks_the_row_search_with_topk_row_on_sm90():
-    """topk_row_bits sets Plan.TKB (2 or 4) beside topk_row; without topk_row, another value or
-    4 on gfx950 it is refused, each with its reason."""
-    from mono_glm53.kernels.layer import _with_knobs, isa_options
-
-    s = REAL.tp_shard(8, 0)
-    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
-    p = _with_knobs(sm, s, 264, {"topk_row": True, "topk_row_bits": 4})
-    assert sm.TKB == 2 and p.TKB == 4 and dataclasses.replace(p, TKB=2) == _with_knobs(sm, s, 264, {"topk_row": True})
-    for bad in (3, 8, True, "4"):
-        with pytest.raises(ValueError, match=r"topk_row_bits .* is not 2 or 4"):
-            _with_knobs(sm, s, 264, {"topk_row": True, "topk_row_bits": bad})
-    with pytest.raises(ValueError, match=r"topk_row_bits needs topk_row"):
-        _with_knobs(sm, s, 264, {"topk_row_bits": 4})
-    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
-    with pytest.raises(ValueError, match=r"topk_row_bits 4 spills on gfx950") as e:
-        _with_knobs(hip, s, 264, {"topk_row": 2048, "topk_row_bits": 4}, hip=True)
-    assert "topk_row spills gfx950's registers" in str(e.value)  # every reason at once
-
-
 def test_topk_row_absorb_moves_the_absorption_with_topk_row_on_sm90():
     """topk_row_absorb sets Plan.TKA beside topk_row; without topk_row or on gfx950 refused."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
@@ -231,8 +211,9 @@ def test_topk_row_absorb_moves_the_absorption_with_topk_row_on_sm90():
     with pytest.raises(ValueError, match=r"topk_row_absorb needs topk_row"):
         _with_knobs(sm, s, 264, {"topk_row_absorb": True})
     hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
-    with pytest.raises(ValueError, match=r"topk_row_absorb is sm_90's"):
+    with pytest.raises(ValueError, match=r"topk_row_absorb is sm_90's") as e:
         _with_knobs(hip, s, 264, {"topk_row": 2048, "topk_row_absorb": True}, hip=True)
+    assert "topk_row spills gfx950's registers" in str(e.value)  # every reason at once
 
 
 def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():

@@ -10,8 +10,7 @@ Stages (all by default):
            (a variant named ...h hands off with `stages.handoff.grid_handoff_flag`)
   topk     the radix top-k of 2048 over 4096 / 65536 / 200000 keys, rows 1 and 8: its six
            stages linked by six hand-offs in one launch (what it costs inside a layer); at
-           most ROW_KEYS keys also the "row" and "row4" variants, one program a row (its
-           threshold search 2 or 4 bits a step) and one hand-off
+           most ROW_KEYS keys also the "row" variant, one program a row and one hand-off
   mla      sparse MLA over 2048 selected tokens of one TP8 rank (8 heads, latent 512 + rope 64),
            rows 1 and 8: partials, hand-off, combine, hand-off ("bar"); the partials alone
            ("nobar", the stage's streaming rate)
@@ -80,10 +79,10 @@ MAX_SETS = 512
 # qk_rope 64; softmax scale (qk_nope 192 + qk_rope 64) ** -0.5; page 64
 INDEX_TOPK = 2048
 TOPK_KEYS = (4096, 65536, 200000)
-# the "row" variants' rows (`topk.topk_rows_one`): at most this many keys, as sm_90 holds them;
-# "row" searches the threshold 2 bits a step, "row4" 4 bits a step
+# the "row" variant's rows (`topk.topk_rows_one`): at most this many keys, as sm_90 holds them
 ROW_KEYS = 4096
-TOPK_VARIANTS = {"radix": 0, "row": 2, "row4": 4}
+# "radix" at every length, "row" where the rows have at most ROW_KEYS keys
+TOPK_VARIANTS = ("radix", "row")
 # (heads, latent, rope, selected tokens, tokens a request holds, page): the selection is half of
 # each request's tokens, in shuffled pages, so the reads are a gather as in serving
 MLA_SHAPE = (8, 512, 64, INDEX_TOPK, 2 * INDEX_TOPK, 64)
@@ -220,8 +219,7 @@ def _topk_case(torch, dev, job, ceiling, memo):
     from mono_common.stages.linked_host import launch_topk_linked, run_topk_linked, topk_buffers
 
     (n, k), rows = job.shape, job.rows
-    bits = TOPK_VARIANTS[job.variant]
-    row = ROW_KEYS if bits else 0
+    row = ROW_KEYS if job.variant == "row" else 0
     # even: the launch's sets zero each other's histograms, two slices in turn (linked_entries)
     L = sets_for(rows * n * 4, even=True)
     gen = torch.Generator(device=dev).manual_seed(n + rows)
@@ -237,8 +235,8 @@ def _topk_case(torch, dev, job, ceiling, memo):
         bad = int((got.cpu().long() != want).any(1).sum())
         return dict(check="exact") if not bad else dict(error=f"{bad} of {rows} rows differ from the reference")
 
-    return Case(info, L, {"bar": lambda: launch_topk_linked(scores, seqlen, bufs, job.nprog, row, bits or 2)},
-                run=lambda: run_topk_linked(scores[0], seqlen, k, job.nprog, row, bits or 2), compare=compare)
+    return Case(info, L, {"bar": lambda: launch_topk_linked(scores, seqlen, bufs, job.nprog, row)},
+                run=lambda: run_topk_linked(scores[0], seqlen, k, job.nprog, row), compare=compare)
 
 
 def mla_inputs(torch, rows, shape, L, dev, seed=0):

@@ -117,16 +117,15 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
 @triton.jit
 def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, pass_rt,
                W: tl.constexpr, TOPK: tl.constexpr, STAGE: tl.constexpr, RT: tl.constexpr = False,
-               SHORT: tl.constexpr = 0, ONCE: tl.constexpr = False, BITS: tl.constexpr = 2):
+               SHORT: tl.constexpr = 0, ONCE: tl.constexpr = False):
     # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it;
     # SHORT: the count and write stages' SHORT (`stages.topk`: rows of at most SHORT tokens
     # counted by the write); ONCE: a program's tiles a contiguous run, a row's threshold
     # derived once a run; STAGE 6: the whole top-k, one program a row of at most SHORT tokens
-    # (BITS: its threshold search's bits a step, `topk.topk_row`)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE == 6:
-        topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, SHORT, BITS)
+        topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, SHORT)
     elif STAGE < 4:
         topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True,
                   pass_rt if RT else STAGE, RT, ONCE)

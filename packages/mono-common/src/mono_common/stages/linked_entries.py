@@ -7,7 +7,7 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
       the other slice for set l + 1, so tkh needs zeroing once at allocation (L even keeps it
       zero across graph replays); the result of every set lands in topk [W, TOPK]. ROW > 0 (a
       power of two, every row at most ROW tokens): each set's whole top-k by one program a row
-      (`topk.topk_rows_one`, BITS its search's bits a step) and one hand-off, no histograms
+      (`topk.topk_rows_one`) and one hand-off, no histograms
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
@@ -35,14 +35,14 @@ from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_rows_on
 @triton.jit
 def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
                       nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                      ROW: tl.constexpr = 0, BITS: tl.constexpr = 2):
+                      ROW: tl.constexpr = 0):
     # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     sl = scores_ptr
     if ROW > 0:
         for li in range(L):
-            topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW, BITS)
+            topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW)
             grid_handoff(bar_ptr, (li + 1) * nprog)
             sl += sc_lstride
     else:

@@ -47,34 +47,30 @@ def topk_buffers(rows: int, n: int, k: int, device) -> TopkBuffers:
                        torch.full((rows, k), -1, **z), torch.zeros(2, **z), nck)
 
 
-def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0, row_bits: int = 2):
+def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0):
     """One launch over the L = scores.shape[0] score sets [L, W, >= n]; bufs.topk ends as the
     last set's top-k. An odd L leaves one tkh slice dirty: the next launch on bufs would read it.
     row > 0 (a power of two at least the sets' row length): one program a row
-    (`topk.topk_rows_one`, its threshold search row_bits, 2 or 4, a step) and one hand-off a set,
-    the histograms untouched."""
+    (`topk.topk_rows_one`) and one hand-off a set, the histograms untouched."""
     from mono_common.stages.linked_entries import topk_linked_entry
-    from mono_common.stages.small_host import check_row_bits
 
     L, W, n = scores.shape
     if scores.stride(2) != 1 or tuple(bufs.topk.shape) != (W, bufs.topk.shape[1]):
         raise ValueError(f"scores {tuple(scores.shape)} do not match the buffers of {tuple(bufs.topk.shape)}")
     if row and (row & (row - 1) or n > row):
         raise ValueError(f"row {row} must be a power of two of at least the rows' {n} keys")
-    if row:
-        check_row_bits(row_bits, scores.device)
     bufs.bar.zero_()
     topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkc, bufs.topk, bufs.bar, L,
                                 stride_sc=scores.stride(1), nck=bufs.nck, sc_lstride=scores.stride(0), W=W,
-                                TOPK=bufs.topk.shape[1], ROW=row, BITS=row_bits, **_coop(scores.device))
+                                TOPK=bufs.topk.shape[1], ROW=row, **_coop(scores.device))
     return bufs.topk
 
 
-def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, row_bits: int = 2):
+def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0):
     """[W, k] int32: the top-k of scores [W, n] as one launch of the six linked stages (row > 0:
     of one program a row, `launch_topk_linked`)."""
     bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device)
-    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, row_bits).clone()
+    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row).clone()
 
 
 @dataclasses.dataclass(frozen=True)

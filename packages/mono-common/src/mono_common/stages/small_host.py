@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
-             once: bool = False, row: int = 0, row_bits: int = 2):
+             once: bool = False, row: int = 0):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
@@ -20,15 +20,12 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     (`topk` SHORT); the count stage is not launched when no row is longer. once: a program's
     tiles a contiguous run, a row's threshold digits derived once a run (`topk` ONCE; not
     with rt). row > 0 (a power of two): where no row has more than that many tokens, one
-    launch of one program a row (`topk.topk_rows_one`) instead of the six stages, its threshold
-    search row_bits (2 or 4) a step."""
+    launch of one program a row (`topk.topk_rows_one`) instead of the six stages."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
     from mono_common.stages.topk import TKC, TKH_ROW
 
-    if row:
-        check_row_bits(row_bits, scores.device)
     W, L = scores.shape
     nck = -(-L // TKC.value)
     tkh = torch.zeros(W, TKH_ROW.value, dtype=torch.int32, device=scores.device)
@@ -36,7 +33,7 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
     if row and int(seqlen.max()) <= row:
         topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, 6, W=W, TOPK=k, STAGE=6,
-                             SHORT=row, BITS=row_bits)
+                             SHORT=row)
         return topk
     if first_tile:
         topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)
@@ -46,17 +43,6 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
         topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, stage, W=W, TOPK=k, STAGE=stage,
                              RT=rt, SHORT=short, ONCE=once)
     return topk
-
-
-def check_row_bits(row_bits: int, device) -> None:
-    """The one-program row top-k's threshold search: 2 bits a step anywhere, 4 on CUDA only
-    (gfx950 spilled 29 registers with it at 2048 keys, Triton 3.8)."""
-    import torch
-
-    if row_bits not in (2, 4):
-        raise ValueError(f"row_bits {row_bits} is not 2 or 4: the row top-k searches 2 or 4 bits a step")
-    if row_bits == 4 and torch.device(device).type == "cuda" and getattr(torch.version, "hip", None):
-        raise ValueError("row_bits 4 spills on gfx950 (29 registers at 2048 keys): use row_bits 2 on ROCm")
 
 
 def run_routing(logits, bias, top_k: int, live=None):

@@ -17,9 +17,7 @@ write counts a row of at most SHORT tokens itself, reading the row's keys in one
 ROW (`topk_rows_one`): a step whose rows all have at most SHORT tokens can instead give each
 row to one program, which reads the row's keys once, finds the threshold by a two-bits-a-step
 search over the key's 32 bits (16 block-wide reductions) and writes the row (one scan): one
-stage instead of six and their hand-offs, the same integers. BITS 4: a four-bits-a-step search
-instead (8 steps, each counting the keys at or above 15 candidates as one [16, SHORT] compare
-summed along the keys: 8 block-wide reductions of 16 counts), the same threshold.
+stage instead of six and their hand-offs, the same integers.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """
 
@@ -384,31 +382,11 @@ def tk_row_threshold(k, inb, TOPK: tl.constexpr):
 
 
 @triton.jit
-def tk_row_threshold4(k, inb, TOPK: tl.constexpr):
-    """`tk_row_threshold` four bits a step: the largest t with at least TOPK valid keys >= t, each
-    step trying the 15 next digits at once (one [16, SHORT] compare, its counts one reduction
-    along the keys). The same value: both are the TOPK-th largest key."""
-    t = tl.full([], 0, tl.int64)
-    d = tl.arange(0, 16)
-    # a loop, not unrolled, as `tk_row_threshold`
-    for st in range(8):
-        sh = 28 - 4 * st
-        cand = ((t | (d.to(tl.int64) << sh)) - 2147483648).to(tl.int32)
-        n = tl.sum(((k[None, :] >= cand[:, None]) & inb[None, :]).to(tl.int32), 1)
-        # digit 0 always qualifies: t itself has at least TOPK keys at or above it
-        t = t | (tl.max(tl.where(n >= TOPK, d, 0), 0).to(tl.int64) << sh)
-    return (t - 2147483648).to(tl.int32)
-
-
-@triton.jit
-def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: tl.constexpr,
-             BITS: tl.constexpr = 2):
+def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: tl.constexpr):
     """Row m's top-TOPK (n <= SHORT tokens) by one program, as `topk_write` places it: the keys
     above the threshold in index order, then its ties in index order until TOPK; a row of n <=
     TOPK tokens takes 0..n-1 and -1 after. The slots come from one exclusive scan of the
-    above / tie flags packed in one int32 (each count < 2^16: SHORT <= 32768). BITS: the
-    threshold search's bits a step, 2 (`tk_row_threshold`) or 4 (`tk_row_threshold4`)."""
-    tl.static_assert(BITS == 2 or BITS == 4, "topk_row searches 2 or 4 bits a step")
+    above / tie flags packed in one int32 (each count < 2^16: SHORT <= 32768)."""
     tl.static_assert(SHORT <= 32768, "topk_row packs two counts of at most SHORT in 16 bits each")
     if n <= TOPK:
         for c0 in range(0, TOPK, TKC):
@@ -418,10 +396,7 @@ def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: t
         i = tl.arange(0, SHORT)
         inb = i < n
         k = okey32(tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0))
-        if BITS == 4:
-            thr = tk_row_threshold4(k, inb, TOPK)
-        else:
-            thr = tk_row_threshold(k, inb, TOPK)
+        thr = tk_row_threshold(k, inb, TOPK)
         gt = ((k > thr) & inb).to(tl.int32)
         eq = ((k == thr) & inb).to(tl.int32)
         v = gt + (eq << 16)
@@ -436,9 +411,9 @@ def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: t
 
 @triton.jit
 def topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W: tl.constexpr, TOPK: tl.constexpr,
-                  SHORT: tl.constexpr, BITS: tl.constexpr = 2):
+                  SHORT: tl.constexpr):
     """Every row's top-TOPK, one program a row (`topk_row`), rows dealt from the last program
     down (the first programs run other stages' first tiles). Every row must have at most
     SHORT tokens (`topk_rows_short` decides it alike in every program)."""
     for m in range(nprog - 1 - pid, W, nprog):
-        topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT, BITS)
+        topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT)

@@ -199,8 +199,6 @@ class Plan:
     # row (mono_common.stages.topk.topk_rows_one), hand-offs 8-11 only signalled (`topk_row`, a
     # knob; 0: the radix stages every step)
     TKR: int = 0
-    # the row top-k's threshold search, bits a step: 2 or 4 (`topk_row_bits`, a knob)
-    TKB: int = 2
     # a row top-k step's absorption and q_pe RoPE tiles beside the row top-k in stage 7, stage 4
     # the index tiles alone (`topk_row_absorb`, a knob)
     TKA: bool = False
@@ -389,13 +387,12 @@ KNOBS = {
                 "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
                 "~60 us against the radix stages' 21; with mono-common 0.1.22's looped search 157.5 -> 161.4 "
                 "us, the row top-k ~28 us against ~22)",
-    "topk_row_bits": "Plan.TKB, topk_row's threshold search 2 (the default) or 4 bits a step (mono_common's "
-                     "tk_row_threshold4: 8 steps of 15 candidates counted at once instead of 16 steps of 3; "
-                     "the same entries; sm_90, with topk_row; not yet timed)",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
-                       "path (sm_90, with topk_row; the same bits; not yet timed)",
+                       "path (sm_90, with topk_row; the same bits). Timed only beside a 4-bit row search since "
+                       "removed (H100, ctx 4096): the absorb stage 6.0 -> 3.3 us and the layer 182.3 -> 179.7 "
+                       "us at 1 row, 319.5 -> 311.8 at 8, the default 157.3 / 292.8",
     "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
                    "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
                    "(sm_90; the same bits; each head combined once per tile of it): slower (H100, served TP8 shard, ctx 4096: "
@@ -735,25 +732,13 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "build it without hist_in_scores false and without radix_loop")
         elif v:
             change["TKR"] = v
-    # the two knobs that shape the row top-k: asked for with it (refused or not) or on its plan
-    row_topk = bool(k.get("topk_row") or plan.TKR)
     if k.get("topk_row_absorb"):
         if hip:
             errors.append("topk_row_absorb is sm_90's (it comes with topk_row): build without it")
-        elif not row_topk:
+        elif not (k.get("topk_row") or plan.TKR):
             errors.append("topk_row_absorb needs topk_row (it moves the absorption beside the row top-k)")
         else:
             change["TKA"] = True
-    if "topk_row_bits" in k:
-        b = k["topk_row_bits"]
-        if isinstance(b, bool) or b not in (2, 4):
-            errors.append(f"topk_row_bits {b!r} is not 2 or 4")
-        elif not row_topk:
-            errors.append("topk_row_bits needs topk_row (it sets the row top-k's search)")
-        elif b == 4 and hip:
-            errors.append("topk_row_bits 4 spills on gfx950: build without it")
-        else:
-            change["TKB"] = b
     if "code_pad" in k:
         from mono_glm53.kernels.stages import STAGE_NAMES
 

@@ -1454,7 +1454,7 @@ def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXE
 @triton.jit
 def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                  TKR: tl.constexpr, SYC: tl.constexpr, TKB: tl.constexpr = 2):
+                  TKR: tl.constexpr, SYC: tl.constexpr):
     """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
     stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
     here), stage 7 waits for the scores and gives each row's whole top-k to one program
@@ -1468,7 +1468,7 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
             ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
         if ok:
             _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR, TKB)
+                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR)
     return ok
 
 
@@ -1567,8 +1567,6 @@ def layer_kernel(
     # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
     # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
     TKR: tl.constexpr = 0,
-    # the row top-k's threshold search, bits a step (Plan.TKB, a measurement knob with TKR)
-    TKB: tl.constexpr = 2,
     # a row top-k step's absorption and q_pe RoPE tiles in stage 7 beside the row top-k, by the
     # programs without a row, stage 4 the index tiles alone (Plan.TKA, a measurement knob with TKR)
     TKA: tl.constexpr = False,
@@ -1704,8 +1702,7 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
-            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC,
-                               TKB)
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
             if TKA and FIRST <= 7 and LAST >= 7:
                 # the programs below the rows' (all of them when there are no more programs
                 # than rows: after their rows)
