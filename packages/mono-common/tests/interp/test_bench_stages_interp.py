@@ -75,9 +75,10 @@ def test_a_row_top_k_longer_than_its_rows_is_refused():
     from mono_common.stages import linked_host as LH
 
     bufs = LH.topk_buffers(1, 600, 128, "cpu")
+    seqlen = torch.full((1,), 600, dtype=torch.int32)
     for row in (512, 768):
         with pytest.raises(ValueError, match=f"row {row} must be a power of two of at least the rows' 600 keys"):
-            LH.launch_topk_linked(torch.zeros(2, 1, 600), torch.full((1,), 600, dtype=torch.int32), bufs, 1, row)
+            LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, row)
 
 
 def test_a_failing_check_is_reported_and_still_timed(one_call_timer, monkeypatch):
