@@ -46,6 +46,7 @@ import struct
 
 import torch
 
+from mono_common.stages.code_prefetch import text_bytes
 from mono_common.stages.gemv import pick_split_k as _pick_ks
 from mono_common.stages.gemv import span_per, span_slots, tile_spans
 from mono_common.triton_knobs import amd_buffer_ops
@@ -218,6 +219,10 @@ class Plan:
     # the absorption tiles' q_nope summed once a tile for all its chunks (their weights
     # requested first), the q_pe RoPE items tiles of their own (`absorb_gather`, a knob)
     ABG: bool = False
+    # the kernel's own code requested into the L2 at the start and before the hand-offs of the
+    # stages whose code a weight stream has evicted (`code_prefetch`, a knob;
+    # mono_common.stages.code_prefetch), sm_90's fused launch only
+    CPF: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -409,6 +414,11 @@ KNOBS = {
                       "oproj_fixup on, so a row is one o_proj slot to read; the same bits): slower (H100, served TP8 "
                       "shard, ctx 4096: 157.9 -> 159.9 us at 1 row, 279.0 -> 296.6 at 8; the router's stage 4.5 -> "
                       "14.1 us where the norm's 8.5 went)",
+    "code_prefetch": "Plan.CPF, the kernel's own code (its cubin's .text, ~320 KB at the TP8 shard) requested "
+                     "into the L2 by the programs at the start and before the hand-offs of absorb, the MLA, "
+                     "o_proj, gate_up and down, so that each stage's first instruction fetches hit the L2 "
+                     "where a weight stream has evicted the code (mono_common.stages.code_prefetch; sm_90's "
+                     "fused launch; the same bits)",
     "absorb_gather": "Plan.ABG, the W_UK absorption tiles (a head and 64 columns each) requesting their three "
                      "64-row weight blocks first and summing q_nope's q_b partial slots once for all its 192 "
                      "columns (8 slots' loads in flight a round at width 2, 2 at width 8), where the default sums them per "
@@ -670,6 +680,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"at most 8 rows (not {plan.W}): build without it")
         else:
             change["ABG"] = True
+    if k.get("code_prefetch"):
+        if hip:
+            errors.append("code_prefetch reads the kernel's code address, sm_90's: gfx950 has no such instruction")
+        else:
+            change["CPF"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -1097,6 +1112,8 @@ class GlmLayerKernel:
         # the compiled kernels of the last launches ("fused", or the stage index), for their
         # register/spill counts (`n_regs`, `n_spills` on a GPU)
         self.compiled: dict = {}
+        # the fused kernel's code bytes (`ptable` code_bytes, Plan.CPF), known once it compiled
+        self._code_bytes = 0
         self.stall = fault_stage(self.rank)
         self._iw = _index_weight_scales(s)  # per shape: computed once, not per launch
         # pointer tables by the addresses they hold (`_table`); never evicted: a captured
@@ -1285,7 +1302,7 @@ class GlmLayerKernel:
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
                 rtt.stride(0), self.scores.stride(0), self.rank, self.deadline, self._delay, self.stall,
-                int(self.stamp), *self._next_addresses())
+                int(self.stamp), self._code_bytes, *self._next_addresses())
 
     def _next_addresses(self) -> tuple[int, int, int]:
         """The next layer's q_a/kv_a, index wk and weights_proj addresses (`ptable` next_*), or
@@ -1323,6 +1340,11 @@ class GlmLayerKernel:
             if mode == "fused":
                 kw = dict(ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
                           num_warps=self.num_warps, **self._stages_opt, **launch_options(self.device))
+                if self.plan.CPF and not self._code_bytes and self.device.type == "cuda":
+                    # the code size is the compiled kernel's: compile first, then build the table
+                    ck = layer_kernel.warmup(*args, grid=grid, **kw)
+                    self._code_bytes = text_bytes(ck.asm["cubin"], layer_kernel.fn.__name__)
+                    args = self._args(caches, self.rtt, weights)
                 self.compiled["fused"] = self._launch_grid(layer_kernel, grid, args, kw)
             else:
                 for st in (stages if stages is not None else range(NSTAGES)):
