@@ -32,14 +32,7 @@ If `roles` stays near its warm time where `all` does not, pinning a stage's code
 run nothing else would turn the layer's cold fetch (~0.3 us a KB in the layer, results README)
 into warm code.
 
---self: whether a kernel that requests its own code into the L2 (`stages.code_prefetch`: its
-entry's address from PTX, its cubin's `.text` size from the host) fetches it faster after a
-weight-sized read. The straight kernels of 64 and 128 KB with and without the request at their
-start (every program its share of the lines), warm and after the 256 MB read (rplain); then the
-layer-shaped `_staged` kernel with a 0 or 64 KB stream a program a stage, requesting nothing
-(pf 0), its whole code before each stage (pf 1) or the code of this stage and the next (pf 2).
-
-Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR [--roles | --self]
+Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR [--roles]
 Prints one line per (size, state), or per (form, stream, state), and writes DIR/code_fetch.json.
 """
 
@@ -54,7 +47,6 @@ import sys
 import triton
 import triton.language as tl
 
-from mono_common.stages.code_prefetch import code_base, prefetch_code, text_bytes
 from mono_common.stages.entries import grid_handoff
 from mono_common.stages.prefetch import prefetch_range
 
@@ -105,17 +97,6 @@ def _straight(x_ptr, o_ptr, t_ptr, N: tl.constexpr, SALT: tl.constexpr):
     _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
 
 
-@triton.jit
-def _straight_self(x_ptr, o_ptr, t_ptr, cbytes, N: tl.constexpr, SALT: tl.constexpr, PF: tl.constexpr):
-    """`_straight` that first requests its own cbytes of code into the L2 (PF)."""
-    pid = tl.program_id(0)
-    t0 = _now()
-    prefetch_code(pid, tl.num_programs(0), "_straight_self", cbytes, PF)
-    a, b, c, d = _seeds(x_ptr)
-    a, b, c, d = _chains(a, b, c, d, N, SALT)
-    _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
-
-
 ROLE_STAGES, ROLE_STEPS = 8, 256  # 8 stages of 16 KB each
 STREAM_KB = (0, 64)  # a program's requests a stage: 0, or 132 x 64 KB = 8.4 MB a stage (67 MB a launch)
 STREAM_BYTES = 1 << 30
@@ -141,29 +122,6 @@ def _staged(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, NST: tl.constexpr
                 a, b, c, d = _chains(a, b, c, d, N, s * 100000)
         else:
             a, b, c, d = _chains(a, b, c, d, N, s * 100000)
-        grid_handoff(bar_ptr, base + (s + 1) * nprog)
-    _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
-
-
-@triton.jit
-def _staged_self(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, cbytes, NST: tl.constexpr, N: tl.constexpr,
-                 SKB: tl.constexpr, PF: tl.constexpr):
-    """`_staged`'s `all` form that requests its own code into the L2 before each stage: PF 1 the
-    whole code, PF 2 the stage's and the next one's share (the code lies in stage order)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    t0 = _now()
-    a, b, c, d = _seeds(x_ptr)
-    for s in tl.static_range(NST):
-        if PF == 1:
-            prefetch_code(pid, nprog, "_staged_self", cbytes, True)
-        if PF == 2:
-            base_code = code_base("_staged_self").to(tl.pointer_type(tl.uint8), bitcast=True)
-            prefetch_range(pid, nprog, base_code + (cbytes // NST) * s, 2 * (cbytes // NST), True)
-        if SKB > 0:
-            part = ((base // nprog + s).to(tl.int64) * nprog * (SKB * 1024)) % nsrc
-            prefetch_range(pid, nprog, src_ptr + part, nprog * SKB * 1024, True)
-        a, b, c, d = _chains(a, b, c, d, N, s * 100000)
         grid_handoff(bar_ptr, base + (s + 1) * nprog)
     _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
 
@@ -216,44 +174,10 @@ class _Roles:
         self.launches += 1
 
 
-SELF_STEPS = (1024, 2048)  # 64, 128 KB
-SELF_PF = (0, 1, 2)
-
-
-class _Self:
-    """The --self kernels, their code sizes (from their cubins) and launches."""
-
-    def __init__(self, torch):
-        self.x, self.o, self.t = _buffers(torch)
-        self.bar = torch.zeros(2, dtype=torch.int32, device="cuda")
-        self.src = torch.ones(STREAM_BYTES, dtype=torch.uint8, device="cuda")
-        self.launches = 0
-        self.cbytes = {}
-
-    def straight(self, steps: int, pf: bool):
-        key = ("s", steps, pf)
-        ck = _straight_self[(NPROG,)](self.x, self.o, self.t, self.cbytes.get(key, 0), N=steps, SALT=0, PF=pf,
-                                      num_warps=4)
-        self.cbytes.setdefault(key, text_bytes(ck.asm["cubin"], "_straight_self"))
-
-    def staged(self, skb: int, pf: int):
-        key = ("g", skb, pf)
-        base = self.launches * ROLE_STAGES * NPROG
-        nsrc = STREAM_BYTES - NPROG * max(STREAM_KB) * 1024
-        ck = _staged_self[(NPROG,)](self.x, self.o, self.t, self.bar, base, self.src, nsrc, self.cbytes.get(key, 0),
-                                    NST=ROLE_STAGES, N=ROLE_STEPS, SKB=skb, PF=pf, num_warps=4)
-        self.cbytes.setdefault(key, text_bytes(ck.asm["cubin"], "_staged_self"))
-        self.launches += 1
-
-
 def _compile(job):
     import torch
 
-    if job[0] == "self_s":
-        _Self(torch).straight(*job[1:])
-    elif job[0] == "self_g":
-        _Self(torch).staged(*job[1:])
-    elif job[0] == "roles":
+    if job[0] == "roles":
         _Roles(torch).launch(*job[1:])
     else:
         _launch(*job, *_buffers(torch))
@@ -281,47 +205,6 @@ def measure_roles(torch, out=print) -> list[dict]:
                 row = dict(form="roles" if roles else "all", stream_kb=skb, state=state,
                            span_us=statistics.median(spans[SKIP:]))
                 out(f"{row['form']:5s} stream {skb:3d} KB a program a stage  {state:7s} {row['span_us']:8.2f} us")
-                rows.append(row)
-    return rows
-
-
-def _spans(torch, t, runs, pre) -> float:
-    """Median span of the second of two launches with `pre` between them (after SKIP)."""
-    spans = []
-    for _ in range(SAMPLES):
-        runs()
-        pre()
-        runs()
-        torch.cuda.synchronize()
-        v = t.view(NPROG, 2).cpu()
-        spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
-    return statistics.median(spans[SKIP:])
-
-
-def measure_self(torch, out=print) -> list[dict]:
-    r = _Self(torch)
-    big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty(4 * NPROG * 1024, dtype=torch.int32, device="cuda")
-    before = {"warm": lambda: None, "rplain": lambda: _read(big, dst, 0)}
-    rows = []
-    for steps in SELF_STEPS:
-        for pf in (False, True):
-            r.straight(steps, pf)  # its code size known before the timed launches
-            for state, pre in before.items():
-                span = _spans(torch, r.t, lambda n=steps, p=pf: r.straight(n, p), pre)
-                row = dict(form="straight", kb=steps * 64 / 1024, pf=int(pf), state=state, span_us=span,
-                           code_kb=r.cbytes[("s", steps, pf)] / 1024)
-                out(f"straight {row['kb']:4.0f} KB (code {row['code_kb']:6.1f} KB) pf {int(pf)}  {state:7s} {span:8.2f} us")
-                rows.append(row)
-    for skb in STREAM_KB:
-        for pf in SELF_PF:
-            r.staged(skb, pf)
-            for state, pre in before.items():
-                span = _spans(torch, r.t, lambda k=skb, p=pf: r.staged(k, p), pre)
-                row = dict(form="staged", stream_kb=skb, pf=pf, state=state, span_us=span,
-                           code_kb=r.cbytes[("g", skb, pf)] / 1024)
-                out(f"staged stream {skb:3d} KB a program a stage (code {row['code_kb']:6.1f} KB) pf {pf}  "
-                    f"{state:7s} {span:8.2f} us")
                 rows.append(row)
     return rows
 
@@ -359,8 +242,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="code-fetch")
     ap.add_argument("--roles", action="store_true", help="the layer-shaped probe: stage code pinned to SMs or not")
-    ap.add_argument("--self", dest="self_pf", action="store_true",
-                    help="kernels that request their own code into the L2 (stages.code_prefetch)")
     a = ap.parse_args(argv)
     import multiprocessing as mp
 
@@ -369,16 +250,13 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.version.hip:
         print("code_fetch times sm_90 code by %globaltimer: it needs a CUDA GPU", file=sys.stderr)
         return 2
-    if a.self_pf:
-        jobs = [("self_s", n, pf) for n in SELF_STEPS for pf in (False, True)]
-        jobs += [("self_g", skb, pf) for skb in STREAM_KB for pf in SELF_PF]
-    elif a.roles:
+    if a.roles:
         jobs = [("roles", roles, skb) for roles in (False, True) for skb in STREAM_KB]
     else:
         jobs = [(s, 0) for s in STEPS] + list(EVICTORS)
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         pool.map(_compile, jobs)
-    rows = measure_self(torch) if a.self_pf else measure_roles(torch) if a.roles else measure(torch)
+    rows = measure_roles(torch) if a.roles else measure(torch)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "code_fetch.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), triton=triton.__version__, rows=rows), f, indent=1)

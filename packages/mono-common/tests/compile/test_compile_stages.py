@@ -242,20 +242,3 @@ def test_flag_handoff_compiles_without_spills(target, entry, record_property):
         assert "ld.volatile.global" in text
         for op in ("atom.global.gpu.acq_rel.add", "atom.global.gpu.release.exch", "atom.global.gpu.acquire.add"):
             assert op in text, op
-
-
-def test_code_read_entry_reads_its_own_entry_s_address_and_requests_its_code_on_sm90(record_property):
-    """`code_prefetch.code_read_entry` on sm_90: the entry's address is PTX's `mov.u64` of its
-    own name (a constant-bank load the driver fills), its code lines are requested with
-    `prefetch.global.L2`, and the cubin holds the `.text` section the host sizes the request by."""
-    from mono_common.stages.code_prefetch import code_read_entry, text_bytes
-
-    res = cc.compile_kernel(code_read_entry, {"out_ptr": "*i64", "nbytes": "i32"}, dict(ON=True), "sm_90",
-                            num_warps=4, pointer_align=16)
-    record_property("resources", cc.format_resources(res))
-    ptx = res.asm["ptx"]
-    assert re.search(r"mov\.u64\s+%rd\d+, code_read_entry;", ptx), ptx
-    assert "prefetch.global.L2" in ptx
-    assert res.spills == 0, cc.format_resources(res)
-    n = text_bytes(res.asm["cubin"], "code_read_entry")
-    assert n > 0 and n % 16 == 0, n

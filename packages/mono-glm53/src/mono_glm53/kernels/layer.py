@@ -46,7 +46,6 @@ import struct
 
 import torch
 
-from mono_common.stages.code_prefetch import text_bytes
 from mono_common.stages.gemv import pick_split_k as _pick_ks
 from mono_common.stages.gemv import span_per, span_slots, tile_spans
 from mono_common.triton_knobs import amd_buffer_ops
@@ -219,10 +218,6 @@ class Plan:
     # the absorption tiles' q_nope summed once a tile for all its chunks (their weights
     # requested first), the q_pe RoPE items tiles of their own (`absorb_gather`, a knob)
     ABG: bool = False
-    # the kernel's own code requested into the L2 at the start and before the hand-offs of the
-    # stages whose code a weight stream has evicted (`code_prefetch`, a knob;
-    # mono_common.stages.code_prefetch), sm_90's fused launch only
-    CPF: bool = False
 
     def constexprs(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -391,13 +386,15 @@ KNOBS = {
                 "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
                 "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
                 "~60 us against the radix stages' 21; with mono-common 0.1.22's looped search 157.5 -> 161.4 "
-                "us, the row top-k ~28 us against ~22)",
+                "us, the row top-k ~28 us against ~22; with one program an SM, nprog 132, still ~28.6 us: "
+                "162.0 -> 169.3 us, session 33)",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
-                       "path (sm_90, with topk_row; the same bits). Timed only beside a 4-bit row search since "
-                       "removed (H100, ctx 4096): the absorb stage 6.0 -> 3.3 us and the layer 182.3 -> 179.7 "
-                       "us at 1 row, 319.5 -> 311.8 at 8, the default 157.3 / 292.8",
+                       "path (sm_90, with topk_row; the same bits). H100, ctx 4096, session 33: the absorb "
+                       "stage 6.0 -> 3.3 us, the layer 162.0 -> 158.7 us at 1 row and 291.4 -> 283.4 at 8 "
+                       "against topk_row alone, the default 157.1 / 284.1 (beside the 4-bit search since "
+                       "removed, session 32: 182.3 -> 179.7 and 319.5 -> 311.8)",
     "wuv_combine": "Plan.WCB, the value projection's tiles (a head and 32 columns each) combining their head's "
                    "MLA chunks themselves, as the combine stage would, so hand-off 14 and the combine stage go "
                    "(sm_90; the same bits; each head combined once per tile of it): slower (H100, served TP8 shard, ctx 4096: "
@@ -414,11 +411,6 @@ KNOBS = {
                       "oproj_fixup on, so a row is one o_proj slot to read; the same bits): slower (H100, served TP8 "
                       "shard, ctx 4096: 157.9 -> 159.9 us at 1 row, 279.0 -> 296.6 at 8; the router's stage 4.5 -> "
                       "14.1 us where the norm's 8.5 went)",
-    "code_prefetch": "Plan.CPF, the kernel's own code (its cubin's .text, ~320 KB at the TP8 shard) requested "
-                     "into the L2 by the programs at the start and before the hand-offs of absorb, the MLA, "
-                     "o_proj, gate_up and down, so that each stage's first instruction fetches hit the L2 "
-                     "where a weight stream has evicted the code (mono_common.stages.code_prefetch; sm_90's "
-                     "fused launch; the same bits)",
     "absorb_gather": "Plan.ABG, the W_UK absorption tiles (a head and 64 columns each) requesting their three "
                      "64-row weight blocks first and summing q_nope's q_b partial slots once for all its 192 "
                      "columns (8 slots' loads in flight a round at width 2, 2 at width 8), where the default sums them per "
@@ -426,7 +418,8 @@ KNOBS = {
                      "tiles of their own after the index tiles, not ahead of a head's first absorption tile "
                      "(sm_90; the same bits): a little faster (H100s, served TP8 shard, ctx 4096, the layer at 1 "
                      "row 157.0 -> 155.3 us in session 30, 159.7 -> 159.0 in session 31, the absorb stage 6.0 -> "
-                     "4.0 us; 8 rows 279.1 -> 278.9 and 290.6 -> 287.2), not yet a default: it spills more "
+                     "4.0 us; 8 rows 279.1 -> 278.9 and 290.6 -> 287.2; session 33 157.1 -> 154.5 and 284.1 -> "
+                     "284.0), not yet a default: it spills more "
                      "(Triton 3.6 at width 2: 28 bytes, the default 4) and only its knob sets ran on the GPU",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
@@ -680,11 +673,6 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"at most 8 rows (not {plan.W}): build without it")
         else:
             change["ABG"] = True
-    if k.get("code_prefetch"):
-        if hip:
-            errors.append("code_prefetch reads the kernel's code address, sm_90's: gfx950 has no such instruction")
-        else:
-            change["CPF"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")
@@ -1112,8 +1100,6 @@ class GlmLayerKernel:
         # the compiled kernels of the last launches ("fused", or the stage index), for their
         # register/spill counts (`n_regs`, `n_spills` on a GPU)
         self.compiled: dict = {}
-        # the fused kernel's code bytes (`ptable` code_bytes, Plan.CPF), known once it compiled
-        self._code_bytes = 0
         self.stall = fault_stage(self.rank)
         self._iw = _index_weight_scales(s)  # per shape: computed once, not per launch
         # pointer tables by the addresses they hold (`_table`); never evicted: a captured
@@ -1302,7 +1288,7 @@ class GlmLayerKernel:
         return (s.rms_eps, s.index_k_norm_eps, s.softmax_scale, iwa, iwb,
                 s.index_head_dim ** -0.5, s.routed_scaling, self.max_seq_len // self.plan.TB,
                 rtt.stride(0), self.scores.stride(0), self.rank, self.deadline, self._delay, self.stall,
-                int(self.stamp), self._code_bytes, *self._next_addresses())
+                int(self.stamp), *self._next_addresses())
 
     def _next_addresses(self) -> tuple[int, int, int]:
         """The next layer's q_a/kv_a, index wk and weights_proj addresses (`ptable` next_*), or
@@ -1340,11 +1326,6 @@ class GlmLayerKernel:
             if mode == "fused":
                 kw = dict(ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
                           num_warps=self.num_warps, **self._stages_opt, **launch_options(self.device))
-                if self.plan.CPF and not self._code_bytes and self.device.type == "cuda":
-                    # the code size is the compiled kernel's: compile first, then build the table
-                    ck = layer_kernel.warmup(*args, grid=grid, **kw)
-                    self._code_bytes = text_bytes(ck.asm["cubin"], layer_kernel.fn.__name__)
-                    args = self._args(caches, self.rtt, weights)
                 self.compiled["fused"] = self._launch_grid(layer_kernel, grid, args, kw)
             else:
                 for st in (stages if stages is not None else range(NSTAGES)):

@@ -124,9 +124,6 @@ SCALARS = (
     ("delay", "i64"),
     ("stall", "i32"),
     ("stamp", "i32"),
-    # the fused kernel's code bytes (`mono_common.stages.code_prefetch`), requested into the L2
-    # by the launch with Plan.CPF; 0 (before the host knows them, or without CPF): none
-    ("code_bytes", "i32"),
     # the next layer's first weights (its fused q_a/kv_a, index wk and weights_proj), requested
     # into the L2 by this launch with Plan.NXS (0: none): addresses, not tensors the launch
     # reads, so they sit after every other word

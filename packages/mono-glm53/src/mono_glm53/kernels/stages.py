@@ -81,7 +81,6 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge
 from mono_common.device.timer import now
-from mono_common.stages.code_prefetch import prefetch_code
 from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
@@ -1174,13 +1173,6 @@ def _prefetch_pf(pid, nprog, base, nbytes, ON: tl.constexpr, PFN: tl.constexpr):
 
 
 @triton.jit
-def _code_pf(row, pid, nprog, ON: tl.constexpr):
-    """This kernel's code (`ptable` code_bytes of it; 0: none) requested into the L2 (Plan.CPF)."""
-    if ON:
-        prefetch_code(pid, nprog, "layer_kernel", _si(row, P.CODE_BYTES), True)
-
-
-@triton.jit
 def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
     """Store the clock at this program's stamp entry i when the launch profiles (STAMP)."""
     if _si(row, P.STAMP) != 0:
@@ -1594,9 +1586,6 @@ def layer_kernel(
     # requested first, the q_pe RoPE items tiles of their own (Plan.ABG, a measurement knob:
     # `_absorb_gathered`)
     ABG: tl.constexpr = False,
-    # the kernel's own code requested into the L2 at the start and before hand-offs 4, 12, 15,
-    # 18 and 20 (Plan.CPF, a measurement knob: `_code_pf`)
-    CPF: tl.constexpr = False,
 ):
     """Stages FIRST..LAST of one decoder layer. Fused: FIRST=0, LAST=NSTAGES-1, FUSED, stages linked by
     counters. Staged: FIRST=LAST=s, one launch a stage, no waits (the launch boundary orders)."""
@@ -1635,10 +1624,6 @@ def layer_kernel(
     NQB: tl.constexpr = NH * (NOPE + RD)
     NIQ: tl.constexpr = IH * ID
     ok = True
-    # Plan.CPF: the code requested before the stages whose code the weights stream has evicted
-    CP: tl.constexpr = CPF and FUSED and CLOCK == 0
-    if FIRST == 0:
-        _code_pf(row, pid, nprog, CP)
     # Weight streaming (sm_90: CLOCK 0): each stage's weights are requested into the L2 before
     # the hand-off that gates its inputs (mono_common.stages.prefetch; gfx950 and the
     # interpreter: no prefetch, the stages load as before). The fused launch only.
@@ -1684,8 +1669,6 @@ def layer_kernel(
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
                      _p(row, P.TKH, i32) if TKF else None, TKF)
     if FIRST <= 4 and LAST >= 4:
-        if FIRST == 0:
-            _code_pf(row, pid, nprog, CP)
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
                        CLOCK, FAULT, PADKB if PADS == 4 else 0, SYC)
@@ -1741,8 +1724,6 @@ def layer_kernel(
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                           TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
     if FIRST <= 12 and LAST >= 12:
-        if FIRST == 0:
-            _code_pf(row, pid, nprog, CP)
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
                        CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
@@ -1776,8 +1757,6 @@ def layer_kernel(
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32) if WCB else None,
                       _p(row, P.ML, f32) if WCB else None, TOPK // CT if WCB else 0)
     if FIRST <= 15 and LAST >= 15:
-        if FIRST == 0:
-            _code_pf(row, pid, nprog, CP)
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
                        CLOCK, FAULT, PADKB if PADS == 15 else 0, SYC)
@@ -1812,8 +1791,6 @@ def layer_kernel(
                 stage_router(pid, nprog, _p(row, P.H2, bf16), _p(row, P.WG, bf16), _p(row, P.LG, f32),
                              _p(row, P.H2Q, xmoe), _p(row, P.H2S, f32), W, BM, H, E, BNR, BLK, KSR, HWQ)
     if FIRST <= 18 and LAST >= 18:
-        if FIRST == 0:
-            _code_pf(row, pid, nprog, CP)
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
                        CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
@@ -1839,8 +1816,6 @@ def layer_kernel(
                 stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
                            _p(row, P.NSLOT, i32), W, I, KSG, BI, NSLOT, BLK, HWQ)
     if FIRST <= 20 and LAST >= 20:
-        if FIRST == 0:
-            _code_pf(row, pid, nprog, CP)
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
                        CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
