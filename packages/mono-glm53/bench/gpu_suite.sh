@@ -12,19 +12,38 @@
 # H100 (~78 GB) the TP1 groups are left out unless ONLY names them, and all the other groups at
 # once ran it out of memory (session 25: allred, procs and fault beside the rest): there, name
 # fewer groups a call (ONLY=allred,... then ONLY=procs,fault,...).
+# The warm step compiles only the variants of the chosen groups' shapes (`warm_cache.py --shapes`).
 # Usage (repo root): OUT=dir [ONLY=knobs,fault] [CALL_S=585] bash packages/mono-glm53/bench/gpu_suite.sh
 set -u
 export TRITON_CACHE_DIR=$PWD/.triton-cache MONO_GUARD_MODE=report PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/packages/mono-common/src:$PWD/packages/mono-glm53/src
 T=packages/mono-glm53/tests/kernels
-KNOBS=$(python3 -c "
+MEM=$(python3 -c "import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)")
+ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,hold,mixed,wraps,layer,allred,procs,common
+[ "$MEM" -gt 100 ] && ALL=$ALL,ref1a,ref1b
+SEL=${ONLY:-$ALL}
+# the warm step compiles only what the chosen groups launch: the TP8 variants (and the knob
+# sets) for the TP8 groups, TP1's for ref1a/ref1b, the ranks side by side for allred/procs
+# (all of them took 244 s of a 366 s call for three TP1 groups, session 33)
+WSH=""; WKN=()
+for g in ${SEL//,/ }; do
+  case $g in
+    knobs*) WSH=$WSH,tp8,tp8i
+      WKN=(--knobs "$(python3 -c "
 import json, sys
 sys.path.insert(0, '$T')
 from test_layer_knobs_gpu import KNOB_SETS
-print(json.dumps(KNOB_SETS))")
-timeout ${WARM_S:-240} python3 packages/mono-glm53/bench/warm_cache.py --jobs 15 --knobs "$KNOBS" > "$OUT/warm.log" 2>&1
-echo "warm rc=$? t=${SECONDS}s"
-MEM=$(python3 -c "import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)")
+print(json.dumps(KNOB_SETS))")") ;;
+    fault|ref8*|hold|mixed|wraps|layer) WSH=$WSH,tp8,tp8i ;;
+    ref1*) WSH=$WSH,tp1 ;;
+    allred|procs) WSH=$WSH,sim ;;
+  esac
+done
+if [ -n "$WSH" ]; then
+  timeout ${WARM_S:-240} python3 packages/mono-glm53/bench/warm_cache.py --jobs 15 --shapes "${WSH#,}" ${WKN[@]+"${WKN[@]}"} \
+    > "$OUT/warm.log" 2>&1
+  echo "warm rc=$? t=${SECONDS}s"
+fi
 L=$(( ${CALL_S:-585} - SECONDS - 15 ))
 REF="test_fused_matches_reference and not mixed"
 group() {  # name -> its pytest arguments
@@ -47,9 +66,6 @@ group() {  # name -> its pytest arguments
     *) return 1 ;;
   esac
 }
-ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,hold,mixed,wraps,layer,allred,procs,common
-[ "$MEM" -gt 100 ] && ALL=$ALL,ref1a,ref1b
-SEL=${ONLY:-$ALL}
 for g in ${SEL//,/ }; do
   args=$(group "${g}") || { echo "no group $g"; continue; }
   part=0/1; case $g in knobs[0-9]) part=${g#knobs}/3 ;; esac

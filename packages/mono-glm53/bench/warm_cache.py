@@ -4,13 +4,14 @@ them one after another). Each process launches its variant once (fused, and ever
 staged mode where the suite runs it), so the cache keys are the launches' own.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
-    packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--variants tp8:2,tp8:8] \
+    packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--shapes tp8,tp8i | --variants tp8:2,tp8:8] \
     [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8 --knob-shapes tp8,tp8i]
 
 --knobs takes the bench's JSON of named knob sets (`kernels.layer.KNOBS`): each set's fused
 variant of every --knob-shapes shape (default the TP8 shard) at every --knob-widths width (the
 bench's 1 row runs the width-2 build), beside the other variants, as `python3 -m
-mono_glm53.bench --knobs` would compile them one by one.
+mono_glm53.bench --knobs` would compile them one by one. --shapes keeps only the suite's
+variants of those shapes ("sim": the ranks side by side; empty: none, the knob sets alone).
 """
 
 import argparse
@@ -75,11 +76,15 @@ def main(argv=None):
     ap.add_argument("--knobs", default=None, metavar="JSON", help="named knob sets, as the bench's --knobs")
     ap.add_argument("--knob-widths", default="2,8", help="widths of each knob set's TP8 variant")
     ap.add_argument("--knob-shapes", default="tp8", help="shapes of each knob set's variants (tp8, tp8i)")
+    ap.add_argument("--shapes", default=None,
+                    help="comma list of shapes (tp8, tp8i, tp1, sim): only the suite's variants of these")
     ap.add_argument("--variants", default=None,
                     help="comma list of shape:width[:staged] (indexer; fused, and with ':staged' every "
                          "stage alone too) instead of the suite's and the bench's")
     a = ap.parse_args(argv)
     todo = VARIANTS
+    if a.shapes is not None:
+        todo = [v for v in VARIANTS if v[0] in a.shapes.split(",")]
     if a.variants:
         todo = [(v.split(":")[0], int(v.split(":")[1]), True, v.endswith(":staged")) for v in a.variants.split(",")]
     if a.knobs:
