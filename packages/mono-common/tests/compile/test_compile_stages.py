@@ -215,6 +215,21 @@ def test_split_handoff_compiles_without_spills(target, split, ld, record_propert
         assert ptx.count("ld.acquire.gpu.global.b32") >= 2, "the acquire-load poll left the loop"
 
 
+# The spin hand-off (stages.handoff.grid_handoff_spin, a bench form, sm_90 only): thread 0's
+# poll loop is inline assembly whose labels must stay local to its braces (the entry inlines it
+# in a loop, and ptxas refuses a label defined twice), its RMW or load inside that loop.
+@pytest.mark.parametrize("ld", [False, True], ids=["rmw", "load"])
+def test_spin_handoff_compiles_without_spills_on_sm90(ld, record_property):
+    from mono_common.stages import linked_entries
+
+    res = _resident_without_spills(linked_entries.handoff_entry, {"bar_ptr": "*i32", "N": "i32"},
+                                   dict(SPIN=True, LD=ld), "sm_90", record_property, f"handoff spin ld {ld}")
+    ptx = res.asm["ptx"]
+    poll = "ld.acquire.gpu.global.b32" if ld else "atom.acquire.gpu.global.add.u32"
+    loops = re.findall(r"LOOP:(.*?)@p bra LOOP;", ptx, re.S)
+    assert loops and all(poll in body for body in loops), "the spin poll is not inside its loop"
+
+
 # The flag hand-off (stages.handoff.grid_handoff_flag, a bench variant beside grid_handoff):
 # alone N times and after each weight set of the layer's GEMV form. Its waiters poll with plain
 # loads that must stay inside the poll loop: gfx950 needs the ".cv" form (AMD=True), without

@@ -68,6 +68,19 @@ def test_handoffs_count_the_grid():
     assert bar.tolist() == [5, 0]
 
 
+def test_the_spin_hand_off_is_refused_where_its_assembly_cannot_run():
+    """`handoff.grid_handoff_spin` is sm_90 inline assembly (its GPU test: test_spin_handoff_gpu):
+    refused on the CPU with the reason, and with the flag or split forms in one launch."""
+    bar = torch.zeros(BAR_WORDS, dtype=torch.int32)
+    with pytest.raises(ValueError, match="spin hand-off's poll loop is sm_90 inline assembly: cpu cannot run it"):
+        LH.launch_handoffs(bar, 1, nprog=1, spin=True)
+    with pytest.raises(ValueError, match="not with the flag or split forms"):
+        LH.launch_handoffs(bar, 1, nprog=1, spin=True, flag=True)
+    with pytest.raises(ValueError, match="not with the flag or split forms"):
+        LH.launch_handoffs(bar, 1, nprog=1, spin=True, split=2)
+    assert not bar.any()
+
+
 # The flag hand-off (stages.handoff.grid_handoff_flag) beside the counter one. Several programs
 # at once: the interpreter runs programs one after another, so these tests run each program of
 # the grid in its own thread (the hand-off entry reads no program id, only the grid size), and

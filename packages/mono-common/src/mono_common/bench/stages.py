@@ -20,7 +20,8 @@ Stages (all by default):
            (us_flag) the same launch with `stages.handoff.grid_handoff_flag` (one arrival RMW,
            waiters polling a separate flag word with plain loads), and (us_forms) with
            `stages.handoff.grid_handoff_split` (arrivals over 1, 2 or 8 counters, polled with RMWs
-           or, on NVIDIA, with acquire loads: SPLIT_FORMS)
+           or, on NVIDIA, with acquire loads: SPLIT_FORMS), and on NVIDIA with
+           `stages.handoff.grid_handoff_spin` (one thread's poll loop, RMWs or loads: SPIN_FORMS)
   expert   `mono_common.bench.expert.bench_expert`, imported when this stage runs
 
 A time is the median of CUDA-graph replays of one launch that runs the stage over L input sets
@@ -287,12 +288,15 @@ def _mla_case(torch, dev, job, ceiling, memo):
 
 # The split hand-off's forms beside the counter and flag ones: (counters, acquire-load polls)
 SPLIT_FORMS = {"split8": (8, False), "ld": (1, True), "split2ld": (2, True), "split8ld": (8, True)}
+# `handoff.grid_handoff_spin` (one thread's poll loop; True: acquire loads), NVIDIA only
+SPIN_FORMS = {"spin": False, "spinld": True}
 
 
 def _handoff_case(torch, dev, job, ceiling, memo):
     """The hand-off forms on one grid: us_bar (`entries.grid_handoff`, every program polling
     the counter with RMWs), us_flag (`handoff.grid_handoff_flag`) and us_forms, the split forms
-    of SPLIT_FORMS (`handoff.grid_handoff_split`; the acquire-load ones on NVIDIA devices only)."""
+    of SPLIT_FORMS (`handoff.grid_handoff_split`; the acquire-load ones on NVIDIA devices only)
+    and the one-thread poll loops of SPIN_FORMS (`handoff.grid_handoff_spin`, NVIDIA only)."""
     from mono_common.stages.handoff import BAR_WORDS, FLAG_WORD, LINE_WORDS, SPLIT_WORDS
     from mono_common.stages.linked_host import _amd, launch_handoffs
 
@@ -303,10 +307,14 @@ def _handoff_case(torch, dev, job, ceiling, memo):
     want = n * job.nprog
     ld_ok = dev.type == "cuda" and not _amd(dev)
     forms = {k: v for k, v in SPLIT_FORMS.items() if ld_ok or not v[1]}
+    spins = {k: v for k, v in SPIN_FORMS.items() if ld_ok}
 
     def split(name):
         s, ld = forms[name]
         return lambda: launch_handoffs(bar, n, job.nprog, split=s, ld=ld)
+
+    def spin(name):
+        return lambda: launch_handoffs(bar, n, job.nprog, spin=True, ld=spins[name])
 
     def compare(got):
         counter, (fcounter, flag) = int(got[0][0]), (int(got[1][0]), int(got[1][FLAG_WORD.value]))
@@ -319,12 +327,15 @@ def _handoff_case(torch, dev, job, ceiling, memo):
             total = int(g[: s * LINE_WORDS.value : LINE_WORDS.value].sum())
             if total != want or int(g.abs().sum()) != want:
                 return dict(error=f"{name} hand-off: counters sum to {total}, not {want}")
+        for name, g in zip(spins, got[2 + len(forms):]):
+            if int(g[0]) != want or int(g.abs().sum()) != want:
+                return dict(error=f"{name} hand-off: counter {int(g[0])}, not {want}")
         return dict(check="counter")
 
     def finish(t):
         us = (t["bar"] - t["empty"]) / n
         usf = (t["flag"] - t["empty"]) / n
-        usx = {name: (t[name] - t["empty"]) / n for name in forms}
+        usx = {name: (t[name] - t["empty"]) / n for name in [*forms, *spins]}
         return dict(us_bar=us, us_flag=usf, us_forms=usx, us_launch=t["empty"], meets_target=us <= HANDOFF_TARGET_US,
                     meets_target_flag=usf <= HANDOFF_TARGET_US)
 
@@ -332,10 +343,12 @@ def _handoff_case(torch, dev, job, ceiling, memo):
              "flag": lambda: launch_handoffs(bar, n, job.nprog, flag=True),
              "empty": lambda: launch_handoffs(bar, 0, job.nprog)}
     timed.update({name: split(name) for name in forms})
+    timed.update({name: spin(name) for name in spins})
     return Case(row, n, timed,
                 run=lambda: (launch_handoffs(bar, n, job.nprog).to("cpu", copy=True),
                              launch_handoffs(bar, n, job.nprog, flag=True).to("cpu", copy=True),
-                             *[split(name)().to("cpu", copy=True) for name in forms]),
+                             *[split(name)().to("cpu", copy=True) for name in forms],
+                             *[spin(name)().to("cpu", copy=True) for name in spins]),
                 compare=compare, finish=finish)
 
 

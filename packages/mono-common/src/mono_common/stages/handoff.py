@@ -1,7 +1,9 @@
 """Grid hand-offs that `mono bench stages` times beside `entries.grid_handoff` (issue 19): one
-whose waiters poll a flag with plain loads (`grid_handoff_flag`), and one whose arrivals are
-spread over S counters that the waiters poll with RMWs or acquire loads (`grid_handoff_split`).
-Both measured slower than the counter hand-off (its docstrings say by how much).
+whose waiters poll a flag with plain loads (`grid_handoff_flag`), one whose arrivals are
+spread over S counters that the waiters poll with RMWs or acquire loads (`grid_handoff_split`),
+both measured slower than the counter hand-off (their docstrings say by how much), and one
+whose poll is one thread's loop with no barrier a poll (`grid_handoff_spin`, sm_90, not yet
+timed on a GPU).
 
 `entries.grid_handoff` has every program poll the arrival counter with an atomic RMW, and the
 arrivals are RMWs on the same word: RMWs on one address serialise at its L2 slice, so each
@@ -141,4 +143,44 @@ def grid_handoff_split(pid, bar_ptr, target, S: tl.constexpr, LD: tl.constexpr):
     d = _split_distance(ptrs, lane, tgt, S, LD)
     while d < 0:
         d = _split_distance(ptrs, lane, tgt, S, LD)
+    tl.debug_barrier()
+
+
+# One thread of the program polls in a loop of its own (sm_90; the labels are local to the
+# braces, so the block can be inlined many times in one kernel). $1: the counter's address, $2:
+# the target; the loop leaves when counter - target >= 0 in int32 (modulo 2**32, as `wrap32`).
+_SPIN_HEAD = ("{\n.reg .pred p, q;\n.reg .b32 t, v;\nmov.u32 t, %tid.x;\nsetp.ne.u32 q, t, 0;\n"
+              "@q bra DONE;\nLOOP:\n")
+_SPIN_TAIL = "sub.s32 v, v, $2;\nsetp.lt.s32 p, v, 0;\n@p bra LOOP;\nDONE:\nmov.u32 $0, 0;\n}"
+_SPIN_RMW = tl.constexpr(_SPIN_HEAD + "atom.acquire.gpu.global.add.u32 v, [$1], 0;\n" + _SPIN_TAIL)
+_SPIN_LD = tl.constexpr(_SPIN_HEAD + "ld.acquire.gpu.global.b32 v, [$1];\n" + _SPIN_TAIL)
+
+
+@triton.jit
+def spin_until(cnt_ptr, target, LD: tl.constexpr):
+    """Thread 0 of the program polls the int32 counter at cnt_ptr until it reaches `target`
+    (modulo 2**32) with acquire RMWs of zero (LD: acquire loads) in a loop of its own; every
+    other thread passes at once. The caller's barrier after it holds the program until thread
+    0 leaves and orders the other threads' reads after its acquire. sm_90 inline assembly."""
+    addr = cnt_ptr.to(tl.pointer_type(tl.int32)).to(tl.int64, bitcast=True)
+    if LD:
+        r = tl.inline_asm_elementwise(_SPIN_LD, "=r,l,r", [addr, wrap32(target)], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        r = tl.inline_asm_elementwise(_SPIN_RMW, "=r,l,r", [addr, wrap32(target)], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    return r
+
+
+@triton.jit
+def grid_handoff_spin(bar_ptr, target, LD: tl.constexpr):
+    """`entries.grid_handoff` with its poll in one thread (`spin_until`): arrive (`guard.signal`,
+    release), thread 0 polls the counter at bar_ptr until `target` arrivals while the other
+    threads wait at the barrier after it. The counter form's poll is a 2-lane atomic whose
+    result reaches every warp through shared memory, ~92 instructions and 5 barriers a poll in
+    the layer's guarded form (sm_90 SASS, Triton 3.6); here a poll is the RMW (LD: the load)
+    and a compare. Targets and bar_ptr as `grid_handoff` (2 int32 words, the counter at word
+    0). Bench-only (no deadline, no abort flag) and sm_90 only."""
+    signal(bar_ptr, 1, False)
+    spin_until(bar_ptr, target, LD)
     tl.debug_barrier()

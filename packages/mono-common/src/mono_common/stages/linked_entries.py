@@ -14,7 +14,8 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
   handoff_entry      N back-to-back grid hand-offs with no work between them: FLAG picks
       `handoff.grid_handoff_flag` (its bar holds handoff.BAR_WORDS words) over `grid_handoff`
       (AMD: its polling load for a ROCm device); SPLIT >= 1 picks `handoff.grid_handoff_split`
-      over SPLIT counters (its bar holds SPLIT * handoff.LINE_WORDS + 2 words), LD its load polls
+      over SPLIT counters (its bar holds SPLIT * handoff.LINE_WORDS + 2 words), LD its load polls;
+      SPIN picks `handoff.grid_handoff_spin` (one thread's poll loop; LD: acquire loads), sm_90
 
 bar_ptr: 2 int32 words (counter, spare zero), zero at launch; every hand-off a launch makes
 raises the counter by the grid, so a launch's targets are multiples of the grid. A linked
@@ -27,7 +28,7 @@ import triton
 import triton.language as tl
 
 from mono_common.stages.entries import grid_handoff
-from mono_common.stages.handoff import grid_handoff_flag, grid_handoff_split
+from mono_common.stages.handoff import grid_handoff_flag, grid_handoff_spin, grid_handoff_split
 from mono_common.stages.mla import mla_combine, mla_partial
 from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_rows_one, topk_write
 
@@ -91,11 +92,13 @@ def mla_entry(qabs_ptr, kv_ptr, topk_ptr, req_ptr, rtt_ptr, part_ptr, ml_ptr, at
 
 @triton.jit
 def handoff_entry(bar_ptr, N, FLAG: tl.constexpr = False, AMD: tl.constexpr = False, SPLIT: tl.constexpr = 0,
-                  LD: tl.constexpr = False):
+                  LD: tl.constexpr = False, SPIN: tl.constexpr = False):
     nprog = tl.num_programs(0)
     pid = tl.program_id(0)
     for i in range(N):
-        if SPLIT > 0:
+        if SPIN:
+            grid_handoff_spin(bar_ptr, (i + 1) * nprog, LD)
+        elif SPLIT > 0:
             grid_handoff_split(pid, bar_ptr, (i + 1) * nprog, SPLIT, LD)
         elif FLAG:
             grid_handoff_flag(bar_ptr, (i + 1) * nprog, AMD)

@@ -144,17 +144,22 @@ def run_mla(plan: MlaPlan, qabs, kv, topk, req, rtt, sm_scale: float, nprog: int
     return bufs["attn"].clone()
 
 
-def launch_handoffs(bar, n: int, nprog: int, flag: bool = False, split: int = 0, ld: bool = False):
+def launch_handoffs(bar, n: int, nprog: int, flag: bool = False, split: int = 0, ld: bool = False,
+                    spin: bool = False):
     """One launch of n back-to-back grid hand-offs over nprog programs: `entries.grid_handoff`,
     or with flag `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words, the counter
     at 0 and the flag at handoff.FLAG_WORD), or with split >= 1 `handoff.grid_handoff_split`
     over that many counters (bar: split * handoff.LINE_WORDS + 2 words), polled with acquire loads
-    when ld (an NVIDIA device only: `handoff.load_acquire`)."""
+    when ld (an NVIDIA device only: `handoff.load_acquire`), or with spin
+    `handoff.grid_handoff_spin` (one thread's poll loop, its acquire RMWs or with ld loads; an
+    NVIDIA device only)."""
     from mono_common.stages.handoff import BAR_WORDS, LINE_WORDS, SPLIT_MAX
     from mono_common.stages.linked_entries import handoff_entry
 
     if flag and split:
         raise ValueError("a hand-off is the flag form or the split form, not both")
+    if spin and (flag or split):
+        raise ValueError("the spin hand-off polls the one counter: not with the flag or split forms")
     if flag and bar.numel() < BAR_WORDS:
         raise ValueError(f"the flag hand-off needs a bar of {BAR_WORDS} int32 words, not {bar.numel()}")
     if split and not 1 <= split <= SPLIT_MAX:
@@ -164,6 +169,9 @@ def launch_handoffs(bar, n: int, nprog: int, flag: bool = False, split: int = 0,
                          f"int32 words, not {bar.numel()}")
     if ld and (bar.device.type != "cuda" or _amd(bar.device)):
         raise ValueError(f"acquire-load polls are sm_90 inline assembly: {bar.device} cannot run them")
+    if spin and (bar.device.type != "cuda" or _amd(bar.device)):
+        raise ValueError(f"the spin hand-off's poll loop is sm_90 inline assembly: {bar.device} cannot run it")
     bar.zero_()
-    handoff_entry[(nprog,)](bar, n, FLAG=flag, AMD=_amd(bar.device), SPLIT=split, LD=ld, **_coop(bar.device))
+    handoff_entry[(nprog,)](bar, n, FLAG=flag, AMD=_amd(bar.device), SPLIT=split, LD=ld, SPIN=spin,
+                            **_coop(bar.device))
     return bar
