@@ -14,11 +14,16 @@ class Chain:
     expected to have grown by G in every epoch."""
 
     def __init__(self, G: int, max_stage: int, *, guard: Guard | None = None, device=None,
-                 check: bool = True, num_warps: int = 4):
+                 check: bool = True, num_warps: int = 4, spin: bool = False):
         import torch
 
         self.G, self.max_stage, self.check_values, self.num_warps = G, max_stage, check, num_warps
         self.guard = guard or Guard(1, device=device, mode="report")
+        # spin: the waits `guard.wait_ge_spin`, sm_90 inline assembly (clock 0, %globaltimer)
+        if spin and self.guard.clock != 0:
+            raise ValueError(f"the spin wait is sm_90 inline assembly on %globaltimer: a guard of clock "
+                             f"{self.guard.clock} ({self.guard.device}) cannot run it")
+        self.spin = spin
         dev = self.guard.device
         self.data = torch.zeros(max_stage, G, dtype=torch.int32, device=dev)
         self.counters = torch.zeros(max_stage, COUNTER_STRIDE, dtype=torch.int32, device=dev)
@@ -37,7 +42,7 @@ class Chain:
         chain_kernel[(self.G,)](
             self.data, self.counters, self.epochs, self.result, self.delays, nstage,
             abort, abort_tab, err, g.deadline, stall,
-            G=self.G, CLOCK=g.clock, FAULT=g.fault, DELAY=delay, CHECK=self.check_values,
+            G=self.G, CLOCK=g.clock, FAULT=g.fault, DELAY=delay, CHECK=self.check_values, SPIN=self.spin,
             num_warps=self.num_warps,
         )
 

@@ -77,6 +77,22 @@ def test_chain_compiles(target, fault, delay, check, record_property):
            record_property)
 
 
+@pytest.mark.parametrize("fault", [0, 1])
+def test_chain_with_the_spin_wait_compiles_on_sm90_its_poll_inside_its_loop(fault, record_property):
+    """`guard.wait_ge_spin` (sm_90 only): thread 0's loop holds the counter's acquire RMW, the
+    abort flag's load and the clock, and its labels stay local to the braces (the chain
+    inlines the wait in its stage loop; ptxas refuses a label defined twice)."""
+    res = cc.compile_kernel(chain_kernel, CHAIN_SIG, dict(G=132, CLOCK=0, FAULT=fault, DELAY=1, CHECK=1, SPIN=True),
+                            "sm_90")
+    _check(res, record_property)
+    # the loop: from its label to the abort exit after its last branch back
+    loops = re.findall(r"LOOP:(.*?)ABORT:", res.asm["ptx"], re.S)
+    assert loops, "no spin loop in the PTX"
+    for body in loops:
+        assert "atom.acquire.gpu.global.add.u32" in body and "ld.relaxed.gpu.global.b32" in body
+        assert "%globaltimer" in body
+
+
 @pytest.mark.parametrize("target", cc.TARGETS)
 @pytest.mark.parametrize("R", [2, 4, 8])
 @pytest.mark.parametrize("phases", [7, 1, 2, 4])

@@ -34,12 +34,18 @@ def _report_guard(n=1, deadline=DEADLINE):
     return Guard(n, device="cuda", mode="report", deadline_s=deadline)
 
 
-def test_program_that_never_arrives_stops_every_program_in_time():
+# spin: every wait `guard.wait_ge_spin` (one thread's poll loop, the knob `handoff_spin` of
+# mono-glm53's layer) instead of `guard.wait_ge`
+SPIN = pytest.mark.parametrize("spin", [False, True], ids=["wait_ge", "spin"])
+
+
+@SPIN
+def test_program_that_never_arrives_stops_every_program_in_time(spin):
     G = _sms()
-    warm = Chain(G, 3, guard=_report_guard())
+    warm = Chain(G, 3, guard=_report_guard(), spin=spin)
     warm.launch()
     warm.guard.check()  # compiled, and a good launch raises nothing
-    c = Chain(G, 3, guard=_report_guard())
+    c = Chain(G, 3, guard=_report_guard(), spin=spin)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     c.launch(stall=17)
@@ -107,9 +113,10 @@ def test_the_deadline_race_catches_a_wait_with_a_per_thread_clock():
     assert r["hang"] or r["disagree"] or r["bad_words"], r
 
 
-def test_10000_graph_replays_keep_counters_without_reset():
+@SPIN
+def test_10000_graph_replays_keep_counters_without_reset(spin):
     G = _sms()
-    c = Chain(G, 4, guard=_report_guard(deadline=2.0))
+    c = Chain(G, 4, guard=_report_guard(deadline=2.0), spin=spin)
     c.launch()  # compile + first epoch outside the graph
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -149,10 +156,11 @@ def test_epoch_counters_wrap_safely():
     assert c.counter_values() == [_wrap32((start + 6) * G)] * 2
 
 
+@SPIN
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_random_program_delays_change_no_chain_result(seed):
+def test_random_program_delays_change_no_chain_result(seed, spin):
     G = _sms()
-    c = Chain(G, 4, guard=_report_guard(deadline=2.0))
+    c = Chain(G, 4, guard=_report_guard(deadline=2.0), spin=spin)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     for launch in range(1, 4):
         c.delays.copy_(torch.randint(0, 30_000, (G * 4,), generator=gen))  # up to 30 us, ns

@@ -74,6 +74,8 @@ KNOB_SETS = {
     # the absorption tiles summing q_nope once for all their chunks, the q_pe RoPE items tiles of
     # their own
     "absorb_gather": dict(absorb_gather=True),
+    # every hand-off's wait polled by one thread's loop (mono-common's guard.wait_ge_spin)
+    "handoff_spin": dict(handoff_spin=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }

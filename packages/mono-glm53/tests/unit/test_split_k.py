@@ -447,6 +447,20 @@ def test_absorb_gather_sets_its_plan_and_refuses_what_it_cannot_build():
         _with_knobs(hip, s, 264, {"absorb_gather": True}, hip=True)
 
 
+def test_handoff_spin_sets_its_plan_on_sm90_and_is_refused_on_gfx950():
+    """handoff_spin sets Plan.HSP and nothing else; gfx950 cannot run its sm_90 assembly."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    p = _with_knobs(sm, s, 264, {"handoff_spin": True})
+    assert p.HSP and not sm.HSP
+    assert dataclasses.replace(p, HSP=False) == sm
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"handoff_spin is sm_90 inline assembly: gfx950 builds without it"):
+        _with_knobs(hip, s, 264, {"handoff_spin": True}, hip=True)
+
+
 def test_knobs_that_are_sm90_only_are_refused_on_gfx950_with_the_rest():
     """hw_quant is sm_90's conversion unit (gfx950's cast is unchecked against torch here): on
     by default there (`isa_options`), off with the knob, and refused on a HIP device beside

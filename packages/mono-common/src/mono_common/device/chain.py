@@ -5,7 +5,7 @@ the stage counter, waits until all G programs have released it (counter >= epoch
 checks the value its neighbour wrote. It is the smallest kernel that has the shape of a fused
 layer (stages linked by monotonic counters, epoch bumped by the kernel itself), so the tests
 use it for timeouts, faults, graph replay and delay races, and the benchmark times one stage
-hand-off with it.
+hand-off with it. SPIN: every wait `guard.wait_ge_spin` (sm_90, CLOCK 0) instead of `wait_ge`.
 
 result[2 * pid] counts neighbour values that were wrong; result[2 * pid + 1] is the epoch seen.
 """
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
-from mono_common.device.guard import signal, wait_ge
+from mono_common.device.guard import signal, wait_ge, wait_ge_spin
 from mono_common.device.timer import sleep_ticks
 
 COUNTER_STRIDE = 32  # int32 words between stage counters: one 128-byte line each
@@ -29,7 +29,7 @@ def chain_value(e, s, p, G: tl.constexpr):
 def chain_kernel(data_ptr, cnt_ptr, epochs_ptr, result_ptr, delays_ptr, nstage,
                  abort_ptr, abort_tab, err_ptr, deadline, stall_program,
                  G: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-                 DELAY: tl.constexpr, CHECK: tl.constexpr):
+                 DELAY: tl.constexpr, CHECK: tl.constexpr, SPIN: tl.constexpr = False):
     pid = tl.program_id(0)
     if pid == stall_program:
         return
@@ -44,8 +44,12 @@ def chain_kernel(data_ptr, cnt_ptr, epochs_ptr, result_ptr, delays_ptr, nstage,
             if CHECK:
                 tl.store(data_ptr + s * G + pid, chain_value(e, s, pid, G))
             signal(cnt_ptr + s * 32, 1, False)
-            ok = wait_ge(cnt_ptr + s * 32, e * G, abort_ptr, abort_tab, err_ptr, 0, pid, s,
-                         deadline, 1, CLOCK, FAULT, False)
+            if SPIN:
+                ok = wait_ge_spin(cnt_ptr + s * 32, e * G, abort_ptr, abort_tab, err_ptr, 0, pid, s,
+                                  deadline, 1, CLOCK, FAULT, False)
+            else:
+                ok = wait_ge(cnt_ptr + s * 32, e * G, abort_ptr, abort_tab, err_ptr, 0, pid, s,
+                             deadline, 1, CLOCK, FAULT, False)
             if CHECK:
                 if ok:
                     got = tl.load(data_ptr + s * G + nb)

@@ -1,7 +1,8 @@
 """Guarded waits: poll device counters until a target, a deadline, or the abort flag.
 
 Every wait of a mono kernel goes through `wait_ge` (one counter) or `wait_all_ge` (a vector of
-counters, e.g. one flag per peer rank). Both return `ok`; a caller that gets False must stop
+counters, e.g. one flag per peer rank); `wait_ge_spin` is `wait_ge` with its poll in one
+thread's loop of sm_90 assembly (a measurement form: mono-glm53's knob `handoff_spin`). Both return `ok`; a caller that gets False must stop
 (`if not ok: return`): the error word is already written and the abort flag raised.
 
 Portability: on gfx950 a scalar atomic or a volatile load polled in a loop has hung in Triton
@@ -39,7 +40,7 @@ for epoch counters at any launch count. Pointers must be 4-byte aligned int32 wo
 import triton
 import triton.language as tl
 
-from mono_common.device.timer import now, program_elapsed, program_now
+from mono_common.device.timer import PROGRAM_LANES, now, program_elapsed, program_now
 
 # Error-word slots and codes: the numbers of mono_common.errors (a unit test keeps them equal).
 _STATE = tl.constexpr(0)
@@ -258,6 +259,85 @@ def wait_ge(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage
         _fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage, NRANK,
               FAULT, CLOCK)
     # Threads other than the polling ones read data the producers wrote: order after the poll.
+    tl.debug_barrier()
+    return ok
+
+
+# `wait_ge_spin`'s loop (sm_90): thread 0 polls the counter with acquire RMWs of zero and the
+# abort flag with relaxed loads, reads %globaltimer every 64 polls against the deadline, and
+# leaves with 0 (reached), 1 (the abort flag) or 2 (the deadline); every other thread leaves at
+# once with 0. $1 counter address, $2 target, $3 abort flag address, $4 deadline (ns). The
+# labels are local to the braces (the block is inlined at every hand-off of a kernel).
+_SPIN_WAIT = """{
+.reg .pred p;
+.reg .b32 t, v, a, i;
+.reg .b64 t0, t1, d;
+mov.u32 $0, 0;
+mov.u32 t, %tid.x;
+setp.ne.u32 p, t, 0;
+@p bra DONE;
+mov.u64 t0, %globaltimer;
+mov.u32 i, 0;
+LOOP:
+atom.acquire.SCOPE.global.add.u32 v, [$1], 0;
+sub.s32 v, v, $2;
+setp.ge.s32 p, v, 0;
+@p bra DONE;
+ld.relaxed.SCOPE.global.b32 a, [$3];
+setp.ne.s32 p, a, 0;
+@p bra ABORT;
+add.u32 i, i, 1;
+and.b32 v, i, 63;
+setp.ne.u32 p, v, 0;
+@p bra LOOP;
+mov.u64 t1, %globaltimer;
+sub.s64 d, t1, t0;
+setp.lt.s64 p, d, $4;
+@p bra LOOP;
+mov.u32 $0, 2;
+bra DONE;
+ABORT:
+mov.u32 $0, 1;
+DONE:
+}"""
+_SPIN_WAIT_GPU = tl.constexpr(_SPIN_WAIT.replace("SCOPE", "gpu"))
+_SPIN_WAIT_SYS = tl.constexpr(_SPIN_WAIT.replace("SCOPE", "sys"))
+
+
+@triton.jit
+def wait_ge_spin(cnt_ptr, target, abort_ptr, abort_tab, err_ptr, rank, program, stage, deadline,
+                 NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYS: tl.constexpr):
+    """`wait_ge` with its poll in one thread's loop (sm_90, CLOCK 0 only): thread 0 polls the
+    counter, the abort flag and every 64 polls the clock in inline assembly with no barrier a
+    poll (`wait_ge`'s poll broadcasts a 2-lane atomic through shared memory and every 8 polls
+    the clock: ~92 instructions and 5 barriers a poll in mono-glm53's layer, sm_90 SASS); the
+    verdict then reaches every warp through one shared-memory maximum, so every warp returns
+    the same value, and its barrier orders the other threads' reads after thread 0's acquire.
+    The same arguments, results and error words as `wait_ge` (the failure path re-reads the
+    counter and the abort flag for the word)."""
+    tl.static_assert(CLOCK == 0, "wait_ge_spin is sm_90 inline assembly (CLOCK 0, %globaltimer)")
+    tgt = wrap32(target)
+    start = program_now(CLOCK)
+    cnt_addr = cnt_ptr.to(tl.pointer_type(tl.int32)).to(tl.int64, bitcast=True)
+    ab_addr = abort_ptr.to(tl.pointer_type(tl.int32)).to(tl.int64, bitcast=True)
+    dl = tl.full([], 0, tl.int64) + deadline
+    if SYS:
+        st = tl.inline_asm_elementwise(_SPIN_WAIT_SYS, "=r,l,r,l,l", [cnt_addr, tgt, ab_addr, dl], dtype=tl.int32,
+                                       is_pure=False, pack=1)
+    else:
+        st = tl.inline_asm_elementwise(_SPIN_WAIT_GPU, "=r,l,r,l,l", [cnt_addr, tgt, ab_addr, dl], dtype=tl.int32,
+                                       is_pure=False, pack=1)
+    # thread 0's verdict to every warp (the other threads hold 0)
+    st = tl.max(tl.full([PROGRAM_LANES], 0, tl.int32) + st, 0)
+    ok = st == 0
+    if not ok:
+        lane = tl.arange(0, 2)
+        v = poll(tl.where(lane == 0, cnt_ptr, abort_ptr), SYS)
+        cur = tl.sum(tl.where(lane == 0, v, 0), 0)
+        ab = tl.sum(tl.where(lane == 1, v, 0), 0)
+        waited = program_elapsed(start, 0, CLOCK)
+        _fail(ab, cur, tgt, 0, waited, _stop_stamp(start, waited, CLOCK), abort_tab, err_ptr, rank, program, stage,
+              NRANK, FAULT, CLOCK)
     tl.debug_barrier()
     return ok
 

@@ -160,6 +160,9 @@ class Plan:
     NXS: int = 0
     # every hand-off a call of one copy of its code on sm_90 (`sync_call`, a knob)
     SYC: bool = False
+    # every hand-off's wait polled by one thread's loop of sm_90 assembly (`handoff_spin`, a
+    # knob; mono_common.device.guard.wait_ge_spin)
+    HSP: bool = False
     # addnorm's rows each cut into ANC chunks dealt over the programs (sm_90's default by
     # `addnorm_default`, off with the knob `norm_spread`; 0: one program a row)
     ANC: int = 0
@@ -347,6 +350,11 @@ KNOBS = {
     "next_layer_prefetch": "Plan.NXS, the stage (mla, gateup or down) after whose hand-off every program requests "
                            "the next layer's q_a/kv_a and index weights into the L2 (GlmLayerKernel.next_weights; sm_90)",
     "sync_call": "Plan.SYC, every hand-off a call of one copy of its code (sm_90)",
+    "handoff_spin": "Plan.HSP, every hand-off's wait polled by one thread in a loop of sm_90 assembly (its "
+                    "RMW, the abort flag and every 64 polls the clock; mono_common.device.guard.wait_ge_spin), "
+                    "the verdict then broadcast once, where the default broadcasts every poll through shared "
+                    "memory (~92 instructions and 5 barriers a poll); the same bits. Not yet timed (sm_90 SASS of "
+                    "the served TP8 shard at width 2: 319.2 KB against 323.0, Triton 3.8)",
     "norm_spread": "Plan.ANC, addnorm's rows cut into chunks dealt over the programs, each chunk's program "
                    "summing its whole row's squares as the one-program form does (the same bits; sm_90's "
                    "default, `addnorm_default`; False: one program a row)",
@@ -673,6 +681,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"at most 8 rows (not {plan.W}): build without it")
         else:
             change["ABG"] = True
+    if k.get("handoff_spin"):
+        if hip:
+            errors.append("handoff_spin is sm_90 inline assembly: gfx950 builds without it")
+        else:
+            change["HSP"] = True
     if k.get("sync_call"):
         if hip:
             errors.append("sync_call is sm_90's: gfx950's call ABI clobbers the scalar registers")

@@ -79,7 +79,7 @@ import triton.language as tl
 
 from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
-from mono_common.device.guard import signal, wait_ge
+from mono_common.device.guard import signal, wait_ge, wait_ge_spin
 from mono_common.device.timer import now
 from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
@@ -1183,25 +1183,27 @@ def _stamp(row, i: tl.constexpr, pid, CLOCK: tl.constexpr):
 def _sync(row, s, epoch, nprog, pid,
           WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
           PAD: tl.constexpr = 0, CALL: tl.constexpr = False):
-    """`_sync_now` inlined, or (CALL, sm_90: Plan.SYC, a measurement knob) as a call of one
-    copy of it for every hand-off, its stage a runtime value (`_sync_call`)."""
-    if CALL and CLOCK == 0:
-        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+    """`_sync_now` inlined, or (CALL bit 0, sm_90: Plan.SYC, a measurement knob) as a call of one
+    copy of it for every hand-off, its stage a runtime value (`_sync_call`). CALL bit 1 (sm_90:
+    Plan.HSP, a measurement knob): the wait's poll in one thread's loop (`guard.wait_ge_spin`)."""
+    SPIN: tl.constexpr = CALL >= 2 and CLOCK == 0
+    if CALL % 2 == 1 and CLOCK == 0:
+        ok = _sync_call(row, s + tl.zeros([], tl.int32), epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, SPIN)
     else:
-        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+        ok = _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, SPIN)
     return ok
 
 
 @triton.jit(noinline=True)
 def _sync_call(row, s, epoch, nprog, pid, WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr,
-               FAULT: tl.constexpr, PAD: tl.constexpr):
-    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD)
+               FAULT: tl.constexpr, PAD: tl.constexpr, SPIN: tl.constexpr):
+    return _sync_now(row, s, epoch, nprog, pid, WAIT, NRANK, CLOCK, FAULT, PAD, SPIN)
 
 
 @triton.jit
 def _sync_now(row, s, epoch, nprog, pid,
               WAIT: tl.constexpr, NRANK: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr,
-              PAD: tl.constexpr = 0):
+              PAD: tl.constexpr = 0, SPIN: tl.constexpr = False):
     """Hand-off between stage s-1 and s: release this program's stage s-1 stores (counter
     s-1 += 1), then, when WAIT (the fused launch), wait until every program did (counter >=
     epoch * nprog). The staged launch signals without waiting (its launch boundary orders),
@@ -1243,8 +1245,12 @@ def _sync_now(row, s, epoch, nprog, pid,
                 tl.store(stamps + 2 * s, now(CLOCK))
         signal(cnt_ptr + (s - 1), 1, False)
         if WAIT:
-            ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
-                         s, deadline, NRANK, CLOCK, FAULT, False)
+            if SPIN:
+                ok = wait_ge_spin(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                                  s, deadline, NRANK, CLOCK, FAULT, False)
+            else:
+                ok = wait_ge(cnt_ptr + (s - 1), epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid,
+                             s, deadline, NRANK, CLOCK, FAULT, False)
             if stamp_on != 0:
                 tl.store(stamps + 2 * s + 1, now(CLOCK))
             if PAD != 0:
@@ -1530,6 +1536,8 @@ def layer_kernel(
     TKL: tl.constexpr = False,
     # every hand-off a call of one copy of its code (Plan.SYC, a measurement knob: `_sync`)
     SYC: tl.constexpr = False,
+    # every hand-off's wait polled by one thread's loop (Plan.HSP, a measurement knob: `_sync`)
+    HSP: tl.constexpr = False,
     # the next layer's first weights requested after hand-off NXS (Plan.NXS; 0: not;
     # `_prefetch_next`), sm_90's fused launch only
     NXS: tl.constexpr = 0,
@@ -1624,6 +1632,8 @@ def layer_kernel(
     NQB: tl.constexpr = NH * (NOPE + RD)
     NIQ: tl.constexpr = IH * ID
     ok = True
+    # the hand-offs' form (`_sync` CALL): bit 0 Plan.SYC, bit 1 Plan.HSP
+    SY: tl.constexpr = (1 if SYC else 0) + (2 if HSP else 0)
     # Weight streaming (sm_90: CLOCK 0): each stage's weights are requested into the L2 before
     # the hand-off that gates its inputs (mono_common.stages.prefetch; gfx950 and the
     # interpreter: no prefetch, the stages load as before). The fused launch only.
@@ -1642,7 +1652,7 @@ def layer_kernel(
                       _p(row, P.HN, bf16), _p(row, P.W_IN, bf16), _sf(row, P.EPS), _p(row, P.HNQ, bf16),
                       _p(row, P.HNS, f32), W, H, HB, BLK, XQP, HWQ, ANC)
     if FIRST <= 1 and LAST >= 1:
-        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SYC)
+        ok = _sync(row, 1, epoch, nprog, pid, FUSED and FIRST < 1, R, CLOCK, FAULT, PADKB if PADS == 1 else 0, SY)
         if ok:
             stage_qkva(pid, nprog, _p(row, P.HN, bf16), _p(row, P.WQKV, u8), _p(row, P.SQKV, f32),
                        _p(row, P.QKVA, f32), _p(row, P.WK, u8), _p(row, P.SK, f32), _p(row, P.WWP, bf16),
@@ -1655,14 +1665,14 @@ def layer_kernel(
     if FIRST <= 2 and LAST >= 2:
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
-                       CLOCK, FAULT, PADKB if PADS == 2 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 2 else 0, SY)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
     if FIRST <= 3 and LAST >= 3:
         if ok:
             ok = _sync(row, 3, epoch, nprog, pid, FUSED and FIRST < 3, R,
-                       CLOCK, FAULT, PADKB if PADS == 3 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 3 else 0, SY)
         if ok:
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
@@ -1671,7 +1681,7 @@ def layer_kernel(
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
-                       CLOCK, FAULT, PADKB if PADS == 4 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 4 else 0, SY)
         if ok:
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
@@ -1686,7 +1696,7 @@ def layer_kernel(
     if FIRST <= 5 and LAST >= 5:
         if ok:
             ok = _sync(row, 5, epoch, nprog, pid, FUSED and FIRST < 5, R,
-                       CLOCK, FAULT, PADKB if PADS == 5 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 5 else 0, SY)
         if ok:
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
@@ -1702,7 +1712,7 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
-            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SYC)
+            ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SY)
             if TKA and FIRST <= 7 and LAST >= 7:
                 # the programs below the rows' (all of them when there are no more programs
                 # than rows: after their rows)
@@ -1717,16 +1727,16 @@ def layer_kernel(
             ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                              TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
+                              TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     else:
         # a build without TKR compiles no row path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
-                          TKF, TKL, TKW, TKP, PADS, PADKB, SYC)
+                          TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     if FIRST <= 12 and LAST >= 12:
         if ok:
             ok = _sync(row, 12, epoch, nprog, pid, FUSED and FIRST < 12, R,
-                       CLOCK, FAULT, PADKB if PADS == 12 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 12 else 0, SY)
         if NXS == 12 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1743,7 +1753,7 @@ def layer_kernel(
     if FIRST <= 13 and LAST >= 13:
         if ok:
             ok = _sync(row, 13, epoch, nprog, pid, FUSED and FIRST < 13, R,
-                       CLOCK, FAULT, PADKB if PADS == 13 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 13 else 0, SY)
         if ok and not WCB:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
                           W, NH, KVL, TOPK, CT)
@@ -1751,7 +1761,7 @@ def layer_kernel(
         # WCB: the combine runs in this stage's tiles (stage 13 is empty)
         if ok:
             ok = _handoff(row, 14, WCB, epoch, nprog, pid, FUSED and FIRST < 14, R,
-                          CLOCK, FAULT, PADKB if PADS == 14 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 14 else 0, SY)
         if ok:
             stage_wuv(pid, nprog, _p(row, P.ATTN, bf16), _p(row, P.WVC, bf16), wvc_s0, wvc_s1, wvc_s2,
                       _p(row, P.OV, bf16), W, BM, NH, KVL, VD, VB, _p(row, P.PART, f32) if WCB else None,
@@ -1759,7 +1769,7 @@ def layer_kernel(
     if FIRST <= 15 and LAST >= 15:
         if ok:
             ok = _sync(row, 15, epoch, nprog, pid, FUSED and FIRST < 15, R,
-                       CLOCK, FAULT, PADKB if PADS == 15 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 15 else 0, SY)
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
@@ -1767,7 +1777,7 @@ def layer_kernel(
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
-                       CLOCK, FAULT, PADKB if PADS == 16 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 16 else 0, SY)
         if ok:
             ok = stage_postnorm(pid, nprog, _p(row, P.OP, f32), _p(row, P.RESID1, bf16),
                                 _p(row, P.RES_OUT, bf16), _p(row, P.H2, bf16), _p(row, P.W_POST, bf16), _sf(row, P.EPS),
@@ -1779,7 +1789,7 @@ def layer_kernel(
         # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
         if ok:
             ok = _handoff(row, 17, NIR, epoch, nprog, pid, FUSED and FIRST < 17, R,
-                          CLOCK, FAULT, PADKB if PADS == 17 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 17 else 0, SY)
         if NIR:
             if ok:
                 stage_router_normed(pid, nprog, _p(row, P.OP, f32), _p(row, P.AR1, bf16), _p(row, P.RESID1, bf16),
@@ -1793,7 +1803,7 @@ def layer_kernel(
     if FIRST <= 18 and LAST >= 18:
         if ok:
             ok = _sync(row, 18, epoch, nprog, pid, FUSED and FIRST < 18, R,
-                       CLOCK, FAULT, PADKB if PADS == 18 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 18 else 0, SY)
         if NXS == 18 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
@@ -1810,7 +1820,7 @@ def layer_kernel(
         # SFO: the SiLU ran in gate_up (each slot's last tile), this stage is empty
         if ok:
             ok = _handoff(row, 19, SFO, epoch, nprog, pid, FUSED and FIRST < 19, R,
-                          CLOCK, FAULT, PADKB if PADS == 19 else 0, SYC)
+                          CLOCK, FAULT, PADKB if PADS == 19 else 0, SY)
         if not SFO:
             if ok:
                 stage_silu(pid, nprog, _p(row, P.GU, f32), _p(row, P.INTER, xmoe), _p(row, P.INTERS, f32),
@@ -1818,7 +1828,7 @@ def layer_kernel(
     if FIRST <= 20 and LAST >= 20:
         if ok:
             ok = _sync(row, 20, epoch, nprog, pid, FUSED and FIRST < 20, R,
-                       CLOCK, FAULT, PADKB if PADS == 20 else 0, SYC)
+                       CLOCK, FAULT, PADKB if PADS == 20 else 0, SY)
         if NXS == 20 and FUSED and PF:
             if ok:
                 _prefetch_next(row, pid, nprog, NQKV, H, ID, IH, INDEXER, IDX_FUSED, PFN)
