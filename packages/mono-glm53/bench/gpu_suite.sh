@@ -28,17 +28,18 @@ SEL=${ONLY:-$ALL}
 WSH=""; WKN=()
 for g in ${SEL//,/ }; do
   case $g in
-    knobs*) WSH=$WSH,tp8,tp8i
-      WKN=(--knobs "$(python3 -c "
-import json, sys
-sys.path.insert(0, '$T')
-from test_layer_knobs_gpu import KNOB_SETS
-print(json.dumps(KNOB_SETS))")") ;;
+    knobs*) WSH=$WSH,tp8,tp8i; KN=1 ;;
     fault|ref8*|hold|mixed|wraps|layer) WSH=$WSH,tp8,tp8i ;;
     ref1*) WSH=$WSH,tp1 ;;
     allred|procs) WSH=$WSH,sim ;;
   esac
 done
+# the knob sets once, however many knobs groups are named (reading them imports torch)
+[ -n "${KN:-}" ] && WKN=(--knobs "$(python3 -c "
+import json, sys
+sys.path.insert(0, '$T')
+from test_layer_knobs_gpu import KNOB_SETS
+print(json.dumps(KNOB_SETS))")")
 if [ -n "$WSH" ]; then
   timeout ${WARM_S:-240} python3 packages/mono-glm53/bench/warm_cache.py --jobs 15 --shapes "${WSH#,}" ${WKN[@]+"${WKN[@]}"} \
     > "$OUT/warm.log" 2>&1

@@ -2,8 +2,9 @@
 
 Every wait of a mono kernel goes through `wait_ge` (one counter) or `wait_all_ge` (a vector of
 counters, e.g. one flag per peer rank); `wait_ge_spin` is `wait_ge` with its poll in one
-thread's loop of sm_90 assembly (a measurement form: mono-glm53's knob `handoff_spin`). Both return `ok`; a caller that gets False must stop
-(`if not ok: return`): the error word is already written and the abort flag raised.
+thread's loop of sm_90 assembly (a measurement form: mono-glm53's knob `handoff_spin`). Each
+returns `ok`; a caller that gets False must stop (`if not ok: return`): the error word is
+already written and the abort flag raised.
 
 Portability: on gfx950 a scalar atomic or a volatile load polled in a loop has hung in Triton
 (anchors.md section 5: triton#11037, #11223, FlagTree#1051). Every poll here is a vector-shaped
