@@ -124,15 +124,16 @@ def test_topk_short_rows_counted_by_the_write_compile_without_spills_on_sm90(sta
     assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
 
 
+@pytest.mark.parametrize("stage", [6, 7], ids=["search", "hist-seeded"])
 @pytest.mark.parametrize("target,short", [("sm_90", 4096), ("gfx950", 2048)])
-def test_topk_one_program_a_row_compiles_without_spills(target, short, record_property):
-    """The whole top-k by one program a row (`topk_rows_one`, entry STAGE 6) at the longest
-    rows each ISA holds without spilling: sm_90 4096 keys (128 registers under Triton 3.8 with
-    the threshold search a loop, mono-glm53's topk_row), gfx950 2048 (at 4096 it spills 18
-    bytes, Triton 3.8)."""
+def test_topk_one_program_a_row_compiles_without_spills(target, short, stage, record_property):
+    """The whole top-k by one program a row (`topk_rows_one`, entry STAGE 6; 7: its search
+    seeded by radix pass 0, mono-glm53's topk_row) at the longest rows each ISA holds without
+    spilling: sm_90 4096 keys (128 registers under Triton 3.8 with the threshold search a loop),
+    gfx950 2048 (at 4096 it spills 18 bytes, Triton 3.8)."""
     from mono_common.stages import entries
 
-    res = cc.compile_kernel(entries.topk_entry, SMALL[0][2], dict(W=8, TOPK=2048, STAGE=6, SHORT=short), target,
+    res = cc.compile_kernel(entries.topk_entry, SMALL[0][2], dict(W=8, TOPK=2048, STAGE=stage, SHORT=short), target,
                             num_warps=4, pointer_align=16, num_stages=STAGES[target], amd_buffer_ops=False)
     record_property("resources", cc.format_resources(res))
     assert res.spills == 0, cc.format_resources(res)

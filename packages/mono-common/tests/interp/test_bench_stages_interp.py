@@ -71,6 +71,15 @@ def test_the_row_topk_variant_checks_and_hands_off_once_a_set(one_call_timer):
     assert row["variant"] == "row" and row["handoffs_per_set"] == 1 and row["L"] == 4
 
 
+def test_the_seeded_row_topk_variant_checks_and_hands_off_twice_a_set(one_call_timer):
+    """`rowh`: radix pass 0, a hand-off, then the row search seeded by its histogram, a hand-
+    off: the reference's integers, over 4 sets whose histogram slices zero each other."""
+    job = B.Job("topk", (600, 128), 3, "rowh", 1)
+    (row,) = B.bench_jobs(torch, torch.device("cpu"), [job], ceiling=4.0, replays=3, out=lambda s: None)
+    assert row.get("error") is None and row["check"] == "exact", row
+    assert row["variant"] == "rowh" and row["handoffs_per_set"] == 2 and row["L"] == 4
+
+
 def test_a_row_top_k_longer_than_its_rows_is_refused():
     from mono_common.stages import linked_host as LH
 
@@ -79,6 +88,8 @@ def test_a_row_top_k_longer_than_its_rows_is_refused():
     for row in (512, 768):
         with pytest.raises(ValueError, match=f"row {row} must be a power of two of at least the rows' 600 keys"):
             LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, row)
+    with pytest.raises(ValueError, match="hist seeds the one-program-a-row search: give row"):
+        LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, 0, hist=True)
 
 
 def test_a_failing_check_is_reported_and_still_timed(one_call_timer, monkeypatch):

@@ -95,18 +95,19 @@ def test_radix_topk_ties_resolve_in_index_order(first_tile, short, once):
 @pytest.mark.parametrize("lens,k,row", [((700, 40, 300, 1), 128, 1024), ((256, 257, 512, 33), 128, 512),
                                          ((300, 129, 128), 128, 512), ((1024,), 1000, 1024)],
                          ids=["long-short", "chunk-edges", "at-k", "k-near-row"])
-def test_row_topk_gives_the_radix_stages_integers(lens, k, row):
+@pytest.mark.parametrize("row_hist", [False, True], ids=["search", "hist-seeded"])
+def test_row_topk_gives_the_radix_stages_integers(lens, k, row, row_hist):
     """One program a row (`topk_rows_one`, 2 programs over the rows from the last down): the
     radix stages' entries exactly, over scores of both signs with repeated values (ties
     across chunk edges, -0.0 below 0.0 in key order, as the radix passes order them) and
-    rows at, under and over k."""
+    rows at, under and over k; also with the search seeded by radix pass 0 (HIST)."""
     g = torch.Generator().manual_seed(sum(lens) + k)
     L = max(lens)
     scores = torch.randint(-40, 40, (len(lens), L), generator=g).float() / 8  # many ties
     scores[:, ::7] = -0.0
     seqlen = torch.tensor(lens, dtype=torch.int32)
     want = H.run_topk(scores, seqlen, k, nprog=3)
-    got = H.run_topk(scores, seqlen, k, nprog=2, row=row)
+    got = H.run_topk(scores, seqlen, k, nprog=2, row=row, row_hist=row_hist)
     assert torch.equal(got, want)
     for m, n in enumerate(lens):
         if n > k:
@@ -132,6 +133,29 @@ def test_row_topk_threshold_is_the_kth_key_over_the_whole_key_range():
     long = torch.randn(1, 40, generator=torch.Generator().manual_seed(3))
     assert torch.equal(H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2, row=32),
                        H.run_topk(long, torch.tensor([40], dtype=torch.int32), 8, nprog=2))
+
+
+@pytest.mark.parametrize("ncand", [16, 512, 513, 1024])
+def test_hist_seeded_row_topk_packs_or_masks_the_top_digits_keys(ncand):
+    """The seeded search's two forms (`tk_row_threshold_hist`): the threshold's top digit
+    holds ncand keys ([1, 2) share one: 16 and CAND = 512 are packed into the free bins, 513
+    and 1024 searched in place over the row), 100 keys above it in [4, 8) and the rest
+    negative; a k inside the digit's keys, with ties there, gives the radix stages' entries.
+    A producer's pass 0 (first_tile) seeds it as the layer's index scores do."""
+    from mono_common.stages.topk import CAND
+
+    assert CAND.value == 512
+    n, k = 2048, 100 + ncand // 2
+    g = torch.Generator().manual_seed(ncand)
+    mid = 1 + torch.randint(0, 64, (ncand,), generator=g).float() / 64  # ties among the candidates
+    hi = 4 + 4 * torch.rand(100, generator=g)
+    lo = -1 - torch.rand(n - ncand - 100, generator=g)
+    scores = torch.cat([mid, hi, lo])[torch.randperm(n, generator=g)][None]
+    seqlen = torch.tensor([n], dtype=torch.int32)
+    want = H.run_topk(scores, seqlen, k, nprog=3)
+    for first_tile in (0, 64):
+        got = H.run_topk(scores, seqlen, k, nprog=2, row=n, row_hist=True, first_tile=first_tile)
+        assert torch.equal(got, want), first_tile
 
 
 @pytest.mark.parametrize("rows", [1, 3])

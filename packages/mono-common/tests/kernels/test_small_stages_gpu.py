@@ -53,6 +53,9 @@ def check_topk(dev, n, rows, k, nprog, ties, seed=0):
     forms = [("staged", H.run_topk(sd, ld, k, nprog)), ("linked", LH.run_topk_linked(sd, ld, k, nprog))]
     if n <= 4096:  # one program a row (`topk_rows_one`) where the rows fit its 4096 keys
         forms.append(("row", H.run_topk(sd, ld, k, nprog, row=4096)))
+        # seeded by radix pass 0 (`topk_row` HIST): packed candidates or, with ties, in place
+        forms.append(("rowh", H.run_topk(sd, ld, k, nprog, row=4096, row_hist=True)))
+        forms.append(("rowh-linked", LH.run_topk_linked(sd, ld, k, nprog, row=4096, hist=True)))
     for form, got in forms:
         got = got.cpu().long()
         for m, nm in enumerate(seqlen.tolist()):

@@ -121,11 +121,12 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
     # RT: the radix pass STAGE given at runtime (pass_rt), as a loop over the passes runs it;
     # SHORT: the count and write stages' SHORT (`stages.topk`: rows of at most SHORT tokens
     # counted by the write); ONCE: a program's tiles a contiguous run, a row's threshold
-    # derived once a run; STAGE 6: the whole top-k, one program a row of at most SHORT tokens
+    # derived once a run; STAGE 6: the whole top-k, one program a row of at most SHORT tokens;
+    # STAGE 7: the same after radix pass 0 (its histograms seed the row's search, `topk_row` HIST)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    if STAGE == 6:
-        topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, SHORT)
+    if STAGE >= 6:
+        topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, SHORT, tkh_ptr, STAGE == 7)
     elif STAGE < 4:
         topk_hist(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, nck, W, TOPK, True,
                   pass_rt if RT else STAGE, RT, ONCE)

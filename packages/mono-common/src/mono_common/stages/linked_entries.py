@@ -7,7 +7,8 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
       the other slice for set l + 1, so tkh needs zeroing once at allocation (L even keeps it
       zero across graph replays); the result of every set lands in topk [W, TOPK]. ROW > 0 (a
       power of two, every row at most ROW tokens): each set's whole top-k by one program a row
-      (`topk.topk_rows_one`) and one hand-off, no histograms
+      (`topk.topk_rows_one`) and one hand-off, no histograms; with HIST, radix pass 0 and a
+      hand-off first, its histogram seeding the rows' search (`topk.topk_row` HIST)
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
@@ -36,18 +37,18 @@ from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_rows_on
 @triton.jit
 def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
                       nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                      ROW: tl.constexpr = 0):
+                      ROW: tl.constexpr = 0, HIST: tl.constexpr = False):
     # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     sl = scores_ptr
-    if ROW > 0:
+    zrow = tl.zeros([TKH_ROW], tl.int32)
+    if ROW > 0 and not HIST:
         for li in range(L):
             topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW)
             grid_handoff(bar_ptr, (li + 1) * nprog)
             sl += sc_lstride
     else:
-        zrow = tl.zeros([TKH_ROW], tl.int32)
         for li in range(L):
             hb = tkh_ptr + (li % 2) * (W * TKH_ROW)
             # the other slice was last read by set li - 1, whose reads ended before this set's first
@@ -55,14 +56,20 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
             nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
             for r in range(pid, W, nprog):
                 tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
-            base = li * 6
-            for ps in tl.static_range(4):
-                topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, ps)
-                grid_handoff(bar_ptr, (base + ps + 1) * nprog)
-            topk_count(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, nck, W, TOPK, True)
-            grid_handoff(bar_ptr, (base + 5) * nprog)
-            topk_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, topk_ptr, nck, W, TOPK, True)
-            grid_handoff(bar_ptr, (base + 6) * nprog)
+            if ROW > 0:
+                topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, 0)
+                grid_handoff(bar_ptr, (2 * li + 1) * nprog)
+                topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW, hb, True)
+                grid_handoff(bar_ptr, (2 * li + 2) * nprog)
+            else:
+                base = li * 6
+                for ps in tl.static_range(4):
+                    topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, ps)
+                    grid_handoff(bar_ptr, (base + ps + 1) * nprog)
+                topk_count(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, nck, W, TOPK, True)
+                grid_handoff(bar_ptr, (base + 5) * nprog)
+                topk_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, tkc_ptr, topk_ptr, nck, W, TOPK, True)
+                grid_handoff(bar_ptr, (base + 6) * nprog)
             sl += sc_lstride
 
 

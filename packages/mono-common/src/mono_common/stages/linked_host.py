@@ -47,11 +47,12 @@ def topk_buffers(rows: int, n: int, k: int, device) -> TopkBuffers:
                        torch.full((rows, k), -1, **z), torch.zeros(2, **z), nck)
 
 
-def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0):
+def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0, hist: bool = False):
     """One launch over the L = scores.shape[0] score sets [L, W, >= n]; bufs.topk ends as the
     last set's top-k. An odd L leaves one tkh slice dirty: the next launch on bufs would read it.
     row > 0 (a power of two at least the sets' row length): one program a row
-    (`topk.topk_rows_one`) and one hand-off a set, the histograms untouched."""
+    (`topk.topk_rows_one`) and one hand-off a set, the histograms untouched; with hist, radix pass 0
+    and a hand-off first, its histograms seeding the rows' search (`topk.topk_row` HIST)."""
     from mono_common.stages.linked_entries import topk_linked_entry
 
     L, W, n = scores.shape
@@ -59,18 +60,20 @@ def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int =
         raise ValueError(f"scores {tuple(scores.shape)} do not match the buffers of {tuple(bufs.topk.shape)}")
     if row and (row & (row - 1) or n > row):
         raise ValueError(f"row {row} must be a power of two of at least the rows' {n} keys")
+    if hist and not row:
+        raise ValueError("hist seeds the one-program-a-row search: give row (a power of two) with it")
     bufs.bar.zero_()
     topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkc, bufs.topk, bufs.bar, L,
                                 stride_sc=scores.stride(1), nck=bufs.nck, sc_lstride=scores.stride(0), W=W,
-                                TOPK=bufs.topk.shape[1], ROW=row, **_coop(scores.device))
+                                TOPK=bufs.topk.shape[1], ROW=row, HIST=hist, **_coop(scores.device))
     return bufs.topk
 
 
-def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0):
+def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, hist: bool = False):
     """[W, k] int32: the top-k of scores [W, n] as one launch of the six linked stages (row > 0:
-    of one program a row, `launch_topk_linked`)."""
+    of one program a row, `launch_topk_linked`; hist: seeded by radix pass 0)."""
     bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device)
-    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row).clone()
+    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, hist).clone()
 
 
 @dataclasses.dataclass(frozen=True)

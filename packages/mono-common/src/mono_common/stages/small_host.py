@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
-             once: bool = False, row: int = 0):
+             once: bool = False, row: int = 0, row_hist: bool = False):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
@@ -20,7 +20,8 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     (`topk` SHORT); the count stage is not launched when no row is longer. once: a program's
     tiles a contiguous run, a row's threshold digits derived once a run (`topk` ONCE; not
     with rt). row > 0 (a power of two): where no row has more than that many tokens, one
-    launch of one program a row (`topk.topk_rows_one`) instead of the six stages."""
+    launch of one program a row (`topk.topk_rows_one`) instead of the six stages; row_hist: its
+    search seeded by radix pass 0's histograms, that pass launched first (`topk_row` HIST)."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -32,7 +33,12 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     tkc = torch.zeros(W, nck, 2, dtype=torch.int32, device=scores.device)
     topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
     if row and int(seqlen.max()) <= row:
-        topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, 6, W=W, TOPK=k, STAGE=6,
+        if row_hist and first_tile:
+            topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)
+        elif row_hist:
+            topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, 0, W=W, TOPK=k, STAGE=0)
+        stage = 7 if row_hist else 6
+        topk_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkc, topk, nck, stage, W=W, TOPK=k, STAGE=stage,
                              SHORT=row)
         return topk
     if first_tile:

@@ -17,7 +17,10 @@ write counts a row of at most SHORT tokens itself, reading the row's keys in one
 ROW (`topk_rows_one`): a step whose rows all have at most SHORT tokens can instead give each
 row to one program, which reads the row's keys once, finds the threshold by a two-bits-a-step
 search over the key's 32 bits (16 block-wide reductions) and writes the row (one scan): one
-stage instead of six and their hand-offs, the same integers.
+stage instead of six and their hand-offs, the same integers. With the row's histogram 0 complete
+(HIST: pass 0 ran in the scores' producer, `topk_hist_first`) the top digit comes from it, the
+keys of that digit are packed into the row's free bins 256.. (at most CAND of them, else the
+search runs over the whole row) and the 12 remaining steps reduce CAND keys, not SHORT.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """
 
@@ -362,31 +365,76 @@ def _count_ge3(k, inb, t1, t2, t3):
 
 
 @triton.jit
-def tk_row_threshold(k, inb, TOPK: tl.constexpr):
-    """The TOPK-th largest of the valid keys k [SHORT] (okey32; more than TOPK valid, SHORT <
-    2^21): the largest t with at least TOPK keys >= t, built from the top two bits a step in
-    the unsigned order (okey = okey32 + 2^31), the radix passes' threshold. The same value as
-    `tk_prefix`'s four digits: both are that key."""
-    t = tl.full([], 0, tl.int64)
+def _tk_search(k, inb, t, need, ST0: tl.constexpr):
+    """Two bits a step from step ST0 (bits 31-2*ST0 down to 0 still open) of t (the unsigned
+    key's bits above them fixed): the largest t with at least `need` valid keys k (okey32)
+    >= t - 2^31, every valid key sharing t's fixed bits (or none fixed)."""
     # a loop, not unrolled: unrolled, 4 warps took 23.4 us a row of 4096 keys alone against
     # 13.6 as a loop, with 4x the code (H100, session 31)
-    for st in range(16):
+    for st in range(ST0, 16):
         sh = 30 - 2 * st
         c1 = t | (tl.full([], 1, tl.int64) << sh)
         c2 = t | (tl.full([], 2, tl.int64) << sh)
         c3 = t | (tl.full([], 3, tl.int64) << sh)
         n1, n2, n3 = _count_ge3(k, inb, (c1 - 2147483648).to(tl.int32), (c2 - 2147483648).to(tl.int32),
                                 (c3 - 2147483648).to(tl.int32))
-        t = tl.where(n3 >= TOPK, c3, tl.where(n2 >= TOPK, c2, tl.where(n1 >= TOPK, c1, t)))
+        t = tl.where(n3 >= need, c3, tl.where(n2 >= need, c2, tl.where(n1 >= need, c1, t)))
+    return t
+
+
+@triton.jit
+def tk_row_threshold(k, inb, TOPK: tl.constexpr):
+    """The TOPK-th largest of the valid keys k [SHORT] (okey32; more than TOPK valid, SHORT <
+    2^21): the largest t with at least TOPK keys >= t, built from the top two bits a step in
+    the unsigned order (okey = okey32 + 2^31), the radix passes' threshold. The same value as
+    `tk_prefix`'s four digits: both are that key."""
+    t = _tk_search(k, inb, tl.full([], 0, tl.int64), TOPK, 0)
+    return (t - 2147483648).to(tl.int32)
+
+
+# The most keys of the threshold's top digit that `tk_row_threshold_hist` packs into a row's
+# free histogram bins (256 + CAND <= TKH_ROW) to search them alone
+CAND = tl.constexpr(512)
+
+
+@triton.jit
+def tk_row_threshold_hist(k, inb, hb, TOPK: tl.constexpr):
+    """`tk_row_threshold` of the same keys with the row's histogram 0 at hb complete (its other
+    bins are free: they hold the packed keys after). Its top digit b comes from the histogram;
+    the c keys of digit b are the search's candidates, with `need` = TOPK less the keys above b
+    still to place. c <= CAND (a random row of 4096 keys: ~16): they are packed in index order
+    into hb[256:] (a scan's slots, then a block barrier) and the 12 remaining steps reduce CAND
+    lanes; more: the steps run over the row, the others masked out. The same value."""
+    dig = tl.arange(0, 256)
+    hist = tl.load(hb + dig)
+    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+    b = tl.max(tl.where(suffix >= TOPK, dig, 0), 0)
+    need = TOPK - tl.sum(tl.where(dig > b, hist, 0), 0)
+    c = tl.sum(tl.where(dig == b, hist, 0), 0)
+    # the unsigned key's top digit: okey flips okey32's sign bit
+    cand = inb & ((((k >> 24) & 255) ^ 128) == b)
+    t0 = b.to(tl.int64) << 24
+    if c <= CAND:
+        ci = cand.to(tl.int32)
+        tl.store(hb + 256 + tl.cumsum(ci, 0) - ci, k, mask=cand)
+        # the block's own global stores are visible to its threads after the barrier
+        tl.debug_barrier()
+        j = tl.arange(0, CAND)
+        kc = tl.load(hb + 256 + j, mask=j < c, other=0)
+        t = _tk_search(kc, j < c, t0, need, 4)
+    else:
+        t = _tk_search(k, cand, t0, need, 4)
     return (t - 2147483648).to(tl.int32)
 
 
 @triton.jit
-def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: tl.constexpr):
+def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: tl.constexpr, tkh_ptr=None,
+             HIST: tl.constexpr = False):
     """Row m's top-TOPK (n <= SHORT tokens) by one program, as `topk_write` places it: the keys
     above the threshold in index order, then its ties in index order until TOPK; a row of n <=
     TOPK tokens takes 0..n-1 and -1 after. The slots come from one exclusive scan of the
-    above / tie flags packed in one int32 (each count < 2^16: SHORT <= 32768)."""
+    above / tie flags packed in one int32 (each count < 2^16: SHORT <= 32768). HIST: the row's
+    histogram 0 at tkh_ptr is complete, and its bins 256.. are scratch (`tk_row_threshold_hist`)."""
     tl.static_assert(SHORT <= 32768, "topk_row packs two counts of at most SHORT in 16 bits each")
     if n <= TOPK:
         for c0 in range(0, TOPK, TKC):
@@ -396,7 +444,10 @@ def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: t
         i = tl.arange(0, SHORT)
         inb = i < n
         k = okey32(tl.load(scores_ptr + m * stride_sc + i, mask=inb, other=0.0))
-        thr = tk_row_threshold(k, inb, TOPK)
+        if HIST:
+            thr = tk_row_threshold_hist(k, inb, tkh_ptr + m * TKH_ROW, TOPK)
+        else:
+            thr = tk_row_threshold(k, inb, TOPK)
         gt = ((k > thr) & inb).to(tl.int32)
         eq = ((k == thr) & inb).to(tl.int32)
         v = gt + (eq << 16)
@@ -411,9 +462,10 @@ def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: t
 
 @triton.jit
 def topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W: tl.constexpr, TOPK: tl.constexpr,
-                  SHORT: tl.constexpr):
+                  SHORT: tl.constexpr, tkh_ptr=None, HIST: tl.constexpr = False):
     """Every row's top-TOPK, one program a row (`topk_row`), rows dealt from the last program
     down (the first programs run other stages' first tiles). Every row must have at most
-    SHORT tokens (`topk_rows_short` decides it alike in every program)."""
+    SHORT tokens (`topk_rows_short` decides it alike in every program). HIST: the rows'
+    histograms 0 at tkh [rows, TKH_ROW] are complete (`topk_row`)."""
     for m in range(nprog - 1 - pid, W, nprog):
-        topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT)
+        topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT, tkh_ptr, HIST)

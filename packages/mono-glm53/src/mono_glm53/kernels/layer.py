@@ -391,8 +391,10 @@ KNOBS = {
                       "prefetches are on: start, qb, oproj, down)",
     "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
-                "hand-offs only signalled (sm_90, with the first radix pass in the index scores): the same "
-                "entries, but slower (H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
+                "hand-offs only signalled (sm_90, with the first radix pass in the index scores, whose "
+                "histogram seeds the row's search since 0.3.27: the keys of the threshold's top digit, if "
+                "at most 512, packed and searched alone): the same entries; before the seeding slower "
+                "(H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
                 "~60 us against the radix stages' 21; with mono-common 0.1.22's looped search 157.5 -> 161.4 "
                 "us, the row top-k ~28 us against ~22; with one program an SM, nprog 132, still ~28.6 us: "
                 "162.0 -> 169.3 us, session 33)",

@@ -1462,10 +1462,10 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                   TKR: tl.constexpr, SYC: tl.constexpr):
     """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
-    stage 6 is empty (TKF: the first radix pass ran in the index scores, its histogram unused
-    here), stage 7 waits for the scores and gives each row's whole top-k to one program
-    (`topk_rows_one`); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-off 12 orders
-    the rows' writes before the MLA as hand-off 8 would have."""
+    stage 6 is empty (TKF: the first radix pass ran in the index scores), stage 7 waits for the
+    scores and gives each row's whole top-k to one program (`topk_rows_one`), its search seeded
+    by that pass's histogram (HIST); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-
+    off 12 orders the rows' writes before the MLA as hand-off 8 would have."""
     if FIRST <= 6 and LAST >= 6:
         if ok:
             ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
@@ -1474,7 +1474,8 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
             ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
         if ok:
             _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR)
+                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR,
+                           _p(row, P.TKH, tl.int32), True)
     return ok
 
 
