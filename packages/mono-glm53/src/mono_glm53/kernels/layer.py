@@ -353,8 +353,9 @@ KNOBS = {
     "handoff_spin": "Plan.HSP, every hand-off's wait polled by one thread in a loop of sm_90 assembly (its "
                     "RMW, the abort flag and every 64 polls the clock; mono_common.device.guard.wait_ge_spin), "
                     "the verdict then broadcast once, where the default broadcasts every poll through shared "
-                    "memory (~92 instructions and 5 barriers a poll); the same bits. Not yet timed (sm_90 SASS of "
-                    "the served TP8 shard at width 2: 319.2 KB against 323.0, Triton 3.8)",
+                    "memory (~92 instructions and 5 barriers a poll); the same bits, no faster: 160.8 / 284.1 us "
+                    "against 156.3 / 281.1 at 1 / 8 rows (H100, served TP8 shard, ctx 4096, session 34), though "
+                    "alone its hand-off is the fastest form (1.314 us on 264 programs against 1.408)",
     "norm_spread": "Plan.ANC, addnorm's rows cut into chunks dealt over the programs, each chunk's program "
                    "summing its whole row's squares as the one-program form does (the same bits; sm_90's "
                    "default, `addnorm_default`; False: one program a row)",
@@ -392,12 +393,12 @@ KNOBS = {
     "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
                 "hand-offs only signalled (sm_90, with the first radix pass in the index scores, whose "
-                "histogram seeds the row's search since 0.3.27: the keys of the threshold's top digit, if "
-                "at most 512, packed and searched alone): the same entries; before the seeding slower "
-                "(H100, ctx 4096: the layer 166.3 -> 206.4 us at 1 row, the row top-k "
-                "~60 us against the radix stages' 21; with mono-common 0.1.22's looped search 157.5 -> 161.4 "
-                "us, the row top-k ~28 us against ~22; with one program an SM, nprog 132, still ~28.6 us: "
-                "162.0 -> 169.3 us, session 33)",
+                "histogram seeds the row's search: the keys of the threshold's top digit, if at most 512, "
+                "packed and searched alone; the scans over 1024-key chunks): the same entries and as fast "
+                "as the radix stages (H100, served TP8 shard, ctx 4096, 1 row, session 34: the layer 156.4 "
+                "us against 158.0, the row stage 22.8 us against the radix stages' 23.0; unchunked ~34.4). "
+                "Before: 166.3 -> 206.4 us (the unrolled search, row top-k ~60 us); the looped search "
+                "157.5 -> 161.4, row top-k ~28 us (session 31-33)",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
