@@ -49,15 +49,21 @@ TKH_ROW = tl.constexpr(4 * 256)
 
 
 @triton.jit
-def _prefix_digit(hb, ps, thr, need):
-    """Pass ps's digit of the threshold from histogram ps at hb: the largest digit whose suffix
-    count (keys with that digit or more among the prefix's keys) still reaches the `need` keys
-    left to place. Returns (thr with the digit set, need less the keys above it)."""
+def _hist_digit(hist, need):
+    """The threshold's digit from a 256-bin histogram of the keys still in play: the largest
+    digit b whose suffix count (keys with that digit or more) still reaches the `need` keys left
+    to place. Returns (b, need less the keys above b, the keys of digit b)."""
     dig = tl.arange(0, 256)
-    hist = tl.load(hb + ps * 256 + dig)
     suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
     b = tl.max(tl.where(suffix >= need, dig, 0), 0)
-    need -= tl.sum(tl.where(dig > b, hist, 0), 0)
+    return b, need - tl.sum(tl.where(dig > b, hist, 0), 0), tl.sum(tl.where(dig == b, hist, 0), 0)
+
+
+@triton.jit
+def _prefix_digit(hb, ps, thr, need):
+    """Pass ps's digit of the threshold from histogram ps at hb (`_hist_digit`). Returns (thr
+    with the digit set, need less the keys above it)."""
+    b, need, _ = _hist_digit(tl.load(hb + ps * 256 + tl.arange(0, 256)), need)
     return thr | (b.to(tl.int64) << (24 - 8 * ps)), need
 
 
@@ -423,12 +429,7 @@ def tk_row_threshold_hist(k, inb, hb, TOPK: tl.constexpr, row_ptr, n):
     keys: ~16): they are packed in index order into hb[256:] (ROW_CHUNK keys a step, then a
     block barrier) and the 12 remaining steps reduce CAND lanes; more: the steps run over the
     row, the others masked out. The same value."""
-    dig = tl.arange(0, 256)
-    hist = tl.load(hb + dig)
-    suffix = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-    b = tl.max(tl.where(suffix >= TOPK, dig, 0), 0)
-    need = TOPK - tl.sum(tl.where(dig > b, hist, 0), 0)
-    c = tl.sum(tl.where(dig == b, hist, 0), 0)
+    b, need, c = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
     t0 = b.to(tl.int64) << 24
     if c <= CAND:
         base = tl.full([], 0, tl.int32)
