@@ -32,7 +32,15 @@ If `roles` stays near its warm time where `all` does not, pinning a stage's code
 run nothing else would turn the layer's cold fetch (~0.3 us a KB in the layer, results README)
 into warm code.
 
-Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR [--roles]
+--prewarm: whether running a stage's code before its hand-off warms it. The roles form without
+a stream (`_staged_called`): each stage's code a called function (`_chains_call`: Triton calls
+take scalars, so it loads its seeds and adds into the program's output row), timed inlined
+(`_staged`), called, and called with the next stage's SMs running that stage's code dry (the
+same code addresses, nothing stored) before each hand-off; warm and after a 256 MB read.
+Session 35 (H100): the dry run changed nothing (23.90 vs 24.02 us warm), so an SM does not keep
+16 KB of straight code from one run to the next.
+
+Run: PYTHONPATH=packages/mono-common/src python3 packages/mono-common/bench/code_fetch.py --out DIR [--roles | --prewarm]
 Prints one line per (size, state), or per (form, stream, state), and writes DIR/code_fetch.json.
 """
 
@@ -126,6 +134,42 @@ def _staged(x_ptr, o_ptr, t_ptr, bar_ptr, base, src_ptr, nsrc, NST: tl.constexpr
     _finish(o_ptr, t_ptr, pid, t0, a, b, c, d)
 
 
+@triton.jit(noinline=True)
+def _chains_call(x_ptr, o_ptr, pid, live, N: tl.constexpr, SALT: tl.constexpr):
+    """One stage as a called function (Triton passes a called function scalars only): the
+    chains from the seeds at x_ptr, added into the program's row of o_ptr unless the call is
+    dry (live 0: the same code addresses run, nothing stored; live is a runtime value, so
+    nothing folds)."""
+    a, b, c, d = _seeds(x_ptr)
+    a, b, c, d = _chains(a, b, c, d, N, SALT)
+    lane = tl.arange(0, 128)
+    p = o_ptr + pid * 128 + lane
+    tl.store(p, tl.load(p) + a + b + c + d, mask=lane < live * 128)
+
+
+@triton.jit
+def _staged_called(x_ptr, o_ptr, t_ptr, bar_ptr, base, live, NST: tl.constexpr, N: tl.constexpr,
+                   PREWARM: tl.constexpr):
+    """`_staged`'s roles form (no stream) with each stage's code a called function: stage s on
+    the SMs with %smid % NST == s. PREWARM: before each hand-off, the SMs of the next stage
+    run its code dry (live 0), so their instruction caches hold it when its hand-off passes."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    t0 = _now()
+    sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    for s in tl.static_range(NST):
+        if sm % NST == s:
+            _chains_call(x_ptr, o_ptr, pid, live, N, s * 100000)
+        if PREWARM:
+            if s + 1 < NST:
+                if sm % NST == s + 1:
+                    _chains_call(x_ptr, o_ptr, pid, live * 0, N, (s + 1) * 100000)
+        grid_handoff(bar_ptr, base + (s + 1) * nprog)
+    t1 = _now()
+    tl.store(t_ptr + pid * 2, t0)
+    tl.store(t_ptr + pid * 2 + 1, t1)
+
+
 @triton.jit
 def _stream(src_ptr, dst_ptr, n, EV: tl.constexpr, BLOCK: tl.constexpr):
     # one read of src (int32) over the whole grid, its sum kept so the loads are not dropped
@@ -165,6 +209,12 @@ class _Roles:
         self.src = torch.ones(STREAM_BYTES, dtype=torch.uint8, device="cuda")
         self.launches = 0
 
+    def launch_called(self, prewarm: bool):
+        base = self.launches * ROLE_STAGES * NPROG
+        _staged_called[(NPROG,)](self.x, self.o, self.t, self.bar, base, 1, NST=ROLE_STAGES, N=ROLE_STEPS,
+                                 PREWARM=prewarm, num_warps=4)
+        self.launches += 1
+
     def launch(self, roles: bool, skb: int):
         # 132 programs of 4 warps, one an SM on an idle GPU: all resident for the hand-offs
         base = self.launches * ROLE_STAGES * NPROG
@@ -179,6 +229,8 @@ def _compile(job):
 
     if job[0] == "roles":
         _Roles(torch).launch(*job[1:])
+    elif job[0] == "prewarm":
+        _Roles(torch).launch_called(job[1])
     else:
         _launch(*job, *_buffers(torch))
     torch.cuda.synchronize()
@@ -206,6 +258,32 @@ def measure_roles(torch, out=print) -> list[dict]:
                            span_us=statistics.median(spans[SKIP:]))
                 out(f"{row['form']:5s} stream {skb:3d} KB a program a stage  {state:7s} {row['span_us']:8.2f} us")
                 rows.append(row)
+    return rows
+
+
+def measure_prewarm(torch, out=print) -> list[dict]:
+    """The roles form (no stream) inlined, with called stage code, and called with the next
+    stage's dry run before each hand-off; warm and after a 256 MB read (rplain)."""
+    r = _Roles(torch)
+    big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(4 * NPROG * 1024, dtype=torch.int32, device="cuda")
+    before = {"warm": lambda: None, "rplain": lambda: _read(big, dst, 0)}
+    rows = []
+    forms = {"roles": lambda: r.launch(True, 0), "called": lambda: r.launch_called(False),
+             "called+prewarm": lambda: r.launch_called(True)}
+    for state, pre in before.items():
+        for form, launch in forms.items():
+            spans = []
+            for _ in range(SAMPLES):
+                launch()
+                pre()
+                launch()
+                torch.cuda.synchronize()
+                v = r.t.view(NPROG, 2).cpu()
+                spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
+            row = dict(form=form, state=state, span_us=statistics.median(spans[SKIP:]))
+            out(f"{row['form']:15s} {state:7s} {row['span_us']:8.2f} us")
+            rows.append(row)
     return rows
 
 
@@ -242,6 +320,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="code-fetch")
     ap.add_argument("--roles", action="store_true", help="the layer-shaped probe: stage code pinned to SMs or not")
+    ap.add_argument("--prewarm", action="store_true",
+                    help="the roles probe with called stage code, each stage's code run dry before its hand-off")
     a = ap.parse_args(argv)
     import multiprocessing as mp
 
@@ -250,13 +330,18 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.version.hip:
         print("code_fetch times sm_90 code by %globaltimer: it needs a CUDA GPU", file=sys.stderr)
         return 2
-    if a.roles:
+    if a.prewarm:
+        jobs = [("prewarm", pw) for pw in (False, True)] + [("roles", True, 0)]
+    elif a.roles:
         jobs = [("roles", roles, skb) for roles in (False, True) for skb in STREAM_KB]
     else:
         jobs = [(s, 0) for s in STEPS] + list(EVICTORS)
     with mp.get_context("spawn").Pool(len(jobs)) as pool:
         pool.map(_compile, jobs)
-    rows = measure_roles(torch) if a.roles else measure(torch)
+    if a.prewarm:
+        rows = measure_prewarm(torch)
+    else:
+        rows = measure_roles(torch) if a.roles else measure(torch)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "code_fetch.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), triton=triton.__version__, rows=rows), f, indent=1)

@@ -12,8 +12,8 @@ from mono_common.stages.mla import mla_combine, mla_combined_cols  # noqa: E402
 
 @triton.jit
 def _combine_entry(part_ptr, ml_ptr, attn_ptr, W: tl.constexpr, NH: tl.constexpr, KVL: tl.constexpr,
-                   TOPK: tl.constexpr, CT: tl.constexpr):
-    mla_combine(tl.program_id(0), tl.num_programs(0), part_ptr, ml_ptr, attn_ptr, W, NH, KVL, TOPK, CT)
+                   TOPK: tl.constexpr, CT: tl.constexpr, VEC: tl.constexpr = False):
+    mla_combine(tl.program_id(0), tl.num_programs(0), part_ptr, ml_ptr, attn_ptr, W, NH, KVL, TOPK, CT, VEC)
 
 
 @triton.jit
@@ -46,3 +46,25 @@ def test_combined_columns_are_the_combine_stages_bits():
     e = torch.exp(ml[..., 0].double() - ml[..., 0].double().amax(-1, keepdim=True))
     want = (e[..., None] * part.double()).sum(2) / (e * ml[..., 1].double()).sum(-1)[..., None]
     assert torch.allclose(out[:W].double(), want, rtol=2 ** -8, atol=0)
+
+
+def test_vector_combine_is_the_combine_in_its_own_order():
+    """VEC: a tile's chunks as one [NCH, DC] load and block reductions: the combine within a
+    bf16 step of the chunk-order form (another summation order of the same terms), every
+    value written, with 8 and 32 chunks."""
+    for W, NH, KVL, TOPK, CT in ((3, 3, 128, 64, 8), (2, 2, 64, 2048, 64)):
+        nch = TOPK // CT
+        g = torch.Generator().manual_seed(nch)
+        part = torch.randn(W, NH, nch, KVL, generator=g) * 4
+        ml = torch.stack([torch.randn(W, NH, nch, generator=g) * 3,
+                          torch.rand(W, NH, nch, generator=g) * 5 + 0.1], -1).contiguous()
+        got = {}
+        for vec in (False, True):
+            got[vec] = torch.full((W, NH, KVL), float("nan"), dtype=torch.bfloat16)
+            _combine_entry[(5,)](part, ml, got[vec], W, NH, KVL, TOPK, CT, vec)
+        assert not torch.isnan(got[True].float()).any()
+        # a bf16 value moves by at most one step (2^-7 of it) with the fp32 sums' order
+        assert torch.allclose(got[True].float(), got[False].float(), rtol=2 ** -7, atol=0)
+        e = torch.exp(ml[..., 0].double() - ml[..., 0].double().amax(-1, keepdim=True))
+        want = (e[..., None] * part.double()).sum(2) / (e * ml[..., 1].double()).sum(-1)[..., None]
+        assert torch.allclose(got[True].double(), want, rtol=2 ** -8, atol=0)

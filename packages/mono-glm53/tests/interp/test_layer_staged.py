@@ -394,6 +394,47 @@ def test_mla_hold_meets_the_reference(ct):
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
 
 
+@pytest.mark.parametrize("width,rows,nprog", [(2, 2, 3), (4, 3, 2)])
+def test_postnorm_loop_walks_each_row_in_chunks_and_meets_the_reference(width, rows, nprog):
+    """postnorm_loop (Plan.PNL): a row's program walks the post-attention norm in HB-column
+    chunks (hidden 384: three chunks of 128, as a TP8 rank's 6144 in three of 2048; 2 programs
+    for 3 rows: one program norms two). Its squares are summed in an order of its own, so the
+    residual stream it writes is the default's bits and the rest is held to the reference's
+    bounds, as the default is."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, hidden=384)
+    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=23, knobs={"postnorm_loop": True})
+    assert not failures(m), m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+    c = build_case(s, rows, 40, True, seed=5)
+    got = {}
+    for pnl in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_loop=pnl)
+        assert k.plan.PNL == pnl and k.plan.H // k.plan.HB == 3
+        kernel_out(c, k, "staged")
+        got[pnl] = (k.res_out[:rows].clone(), k.h2[:rows].float())
+    (ra, ha), (rb, hb) = got[False], got[True]
+    assert torch.equal(ra, rb)
+    # an rstd of another summation order (an fp32 ulp or so) moves an h2 value by at most one
+    # bf16 step: 2^-7 of it at most
+    assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
+
+
+def test_mlacomb_vec_meets_the_reference():
+    """mlacomb_vec (Plan.MCV): the MLA combine's chunks as one load and block reductions
+    (top-k 128 at 700 tokens: two chunks of 64 to combine), its sums in their own order: within
+    the bounds the default's staged launch meets."""
+    s = tiny(index_heads=8, index_topk=128)
+    m = run_case(s, 2, 2, 700, True, modes=("staged",), nprog=3, seed=7, knobs={"mlacomb_vec": True})
+    assert not failures(m), m
+    assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
 @pytest.mark.parametrize("width,rows", [(2, 2), (4, 3)])
 def test_norm_in_router_norms_in_the_routers_programs_and_gives_the_default_bits(width, rows):
     """norm_in_router (Plan.NIR): the norm stage writes nothing, the router's programs derive

@@ -89,6 +89,23 @@ def test_mla_hold_matches_reference(width, ctx, ct):
     _check_reference("tp8i", width, ctx, knobs={"mla_hold": ct})
 
 
+# postnorm_loop: the post-attention norm's row walked in chunks by its program, its squares
+# summed in an order of its own (so not in the knob test's same-bits sets): the same checks as
+# mla_hold's, at the served TP8 shard and the whole layer (its 7 o_proj slots a chunk in
+# flight together, 112 values a thread)
+@pytest.mark.parametrize("sname,width", (("tp8i", 2), ("tp8i", 8), ("tp1", 2)))
+def test_postnorm_loop_matches_reference(sname, width):
+    _check_reference(sname, width, 4096, knobs={"postnorm_loop": True})
+
+
+# mlacomb_vec: the MLA combine's chunks as one load and block reductions (sums in their own
+# order): the same checks, at 1000 tokens too (fewer selected tokens than the top-k: chunks
+# with nothing valid)
+@pytest.mark.parametrize("width,ctx", ((2, 4096), (8, 4096), (2, 1000)))
+def test_mlacomb_vec_matches_reference(width, ctx):
+    _check_reference("tp8i", width, ctx, knobs={"mlacomb_vec": True})
+
+
 # Rows of very different contexts in ONE step: 1 token, a few, just below / at / above the
 # top-k (2048), and beyond 65536; with and without pad rows; the TP8 shard and the whole layer.
 MIXED = [

@@ -193,6 +193,12 @@ class Plan:
     # the post-attention norm's rows each cut into PNC chunks dealt over the programs
     # (`postnorm_spread`, a knob; 0: one program a row)
     PNC: int = 0
+    # the post-attention norm's row walked in HB-column chunks by its program, twice, each
+    # chunk one round of loads: compact code (`postnorm_loop`, a knob)
+    PNL: bool = False
+    # the MLA combine's chunks of a tile as one [NCH, DC] load and block reductions, not the
+    # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
+    MCV: bool = False
     # the programs that issue this layer's weights' L2 prefetches: every program (0), the last
     # PFN, or none (-1) (set per ISA by `isa_options`, changed by the knob `prefetch_programs`:
     # fewer prefetches queued ahead of the few programs whose dependent loads are a 1-row
@@ -381,6 +387,16 @@ KNOBS = {
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",
+    "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
+                   "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
+                   "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
+                   "1.9 us at 1 row, 4.9 -> 3.2 at 8; the layer 160.8 / 287.4 against 161.1 / 291.7",
+    "postnorm_loop": "Plan.PNL, the post-attention norm's row walked in chunks by its program (each chunk's "
+                     "split-K slots loaded together), twice, where the default holds it as one [4, HB] tile "
+                     "(the stage's sm_90 code 18.2 -> 12.2 KB); its squares summed in another order. H100, "
+                     "session 35, ctx 4096: postnorm 8.5 -> 8.8 us at 1 row, the layer 160.3 / 291.4 against "
+                     "161.1 / 291.7: the stage is bound by the bytes its one program reads (six o_proj slots: "
+                     "with oproj_fixup's one slot it took 6.0 us, 4.0 spread), not by its code",
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
                          "the last N of the grid (1..nprog), true for every program, or 0 for no weight prefetch "
                          "at all (sm_90; a TP8 rank's default is 0, other shapes' every program)",
@@ -727,6 +743,22 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "form, which norms the all-reduced rows, has no test yet; build it at world 1")
         else:
             change["PNC"] = _row_chunks("postnorm_spread", s, plan, nprog, errors)
+    if k.get("postnorm_loop"):
+        if hip:
+            errors.append("postnorm_loop is not resource-checked on gfx950: build without it")
+        elif k.get("postnorm_spread") or k.get("norm_in_router"):
+            errors.append("postnorm_loop, postnorm_spread and norm_in_router each place the post-attention norm: "
+                          "name one of them")
+        else:
+            change["PNL"] = True
+    if k.get("mlacomb_vec"):
+        if hip:
+            errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")
+        elif k.get("wuv_combine"):
+            errors.append("mlacomb_vec is the combine stage's form; wuv_combine leaves that stage empty: "
+                          "name one of them")
+        else:
+            change["MCV"] = True
     if "prefetch_programs" in k:
         pn = k["prefetch_programs"]
         if hip:

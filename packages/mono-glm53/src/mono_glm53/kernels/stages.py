@@ -833,14 +833,15 @@ def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
 
 @triton.jit
 def _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W: tl.constexpr, H: tl.constexpr,
-                     HB: tl.constexpr, KS9: tl.constexpr, R: tl.constexpr):
+                     HB: tl.constexpr, KS9: tl.constexpr, R: tl.constexpr, GS: tl.constexpr = 0):
     """fp32 (attention output + residual) of row m, columns h0..h0+HB: the all-reduced bf16
-    sum (R > 1) or this rank's o_proj split-K sum rounded to bf16."""
+    sum (R > 1) or this rank's o_proj split-K sum rounded to bf16 (GS: the slots' loads in
+    flight together, `sum_slots` GROUP)."""
     c = tl.arange(0, HB)
     if R > 1:
         a = tl.load(ar1_ptr + m * H + h0 + c).to(tl.float32)
     else:
-        a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB))
+        a = _bf16(_sum_splits(op_ptr, m, h0, W, H, KS9, HB, GS))
     return a + tl.load(resid1_ptr + m * H + h0 + c).to(tl.float32)
 
 
@@ -866,7 +867,8 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
                    err_ptr, rank, deadline,
                    W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
                    KS9: tl.constexpr, R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
-                   CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0, NORM: tl.constexpr = True):
+                   CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0, NORM: tl.constexpr = True,
+                   LOOP: tl.constexpr = False):
     """TP all-reduce point 1 + residual add + post-attention RMSNorm -> res_out, h2.
     NORM False (Plan.NIR, the knob `norm_in_router`): the all-reduce alone (R > 1; nothing at
     R == 1), the norm left to the router's programs (`stage_router_normed`).
@@ -878,7 +880,12 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
     hand-off inside the stage (the norm needs whole rows) the rows are normed from ar1.
     NC > 0 (Plan.PNC, the knob `postnorm_spread`): each row cut into NC chunks, one (row,
     chunk) an item over the programs, as `_addnorm_spread` does addnorm's: every item's program
-    sums its whole row's squares as the one-program form does, then writes only its chunk."""
+    sums its whole row's squares as the one-program form does, then writes only its chunk.
+    LOOP (Plan.PNL, the knob `postnorm_loop`): a row's program walks it in HB-column chunks,
+    twice (the residual sum and its squares, then the norm from the residual made again),
+    each chunk one round of loads: compact code where the whole-row [4, HB] tile's elementwise
+    work (64 values a thread) is ~18 KB of straight code that a launch runs once, cold (sm_90,
+    `bench/code_size.py`). Its squares are summed a chunk at a time, an order of its own."""
     c = tl.arange(0, HB)
     ok = True
     if R > 1:
@@ -897,44 +904,49 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             signal(cnt_ptr + STAGE_AR1, 1, False)
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
-    if not NORM:
-        pass
-    elif ok and NC > 0:
-        CB: tl.constexpr = H // NC
-        off, cm = _row_as_4_chunks(H, HB)
-        cq = tl.arange(0, CB)
-        for t in range(pid, W * NC, nprog):
-            m = t // NC
-            h0 = (t % NC) * CB
-            rstd = _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R), H, eps)
-            rc = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, h0 + cq, cq >= 0, W, H, KS9, R)
-            w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
-            tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
-            tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
-    elif ok and H // HB <= 4:
+    # one branch a form, chosen by constexprs (the ok test inside each)
+    if NORM and NC > 0:
+        if ok:
+            CB: tl.constexpr = H // NC
+            off, cm = _row_as_4_chunks(H, HB)
+            cq = tl.arange(0, CB)
+            for t in range(pid, W * NC, nprog):
+                m = t // NC
+                h0 = (t % NC) * CB
+                rstd = _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R), H, eps)
+                rc = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, h0 + cq, cq >= 0, W, H, KS9, R)
+                w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
+                tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
+                tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
+    elif NORM and (LOOP or H // HB > 4):
+        # the row in HB-column chunks, twice; LOOP: a chunk's split-K slots loaded together (up
+        # to 16K values in flight, 128 a thread), else `sum_slots`'s groups of 4096 values
+        LG: tl.constexpr = KS9 if LOOP and KS9 * HB <= 16384 else 0
+        if ok:
+            for m in range(pid, W, nprog):
+                ssq = tl.zeros([HB], tl.float32)
+                for h0 in range(0, H, HB):
+                    r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
+                    tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
+                    ssq += r * r
+                rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
+                for h0 in range(0, H, HB):
+                    r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
+                    w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
+                    tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+    elif NORM:
         # the whole row as [4, HB] (as stage_addnorm): the sum and the residual computed once
         # and kept, the split-K slots one whole-row load each (KS9 memory round trips in all,
         # where the chunk loop paid ~KS9 / 2 a chunk and pass: ~18 at a TP8 rank, ~11 us);
         # the slots are added in slot order, as `_sum_splits` adds them
-        off, cm = _row_as_4_chunks(H, HB)
-        for m in range(pid, W, nprog):
-            r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
-            w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
-            tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
-            rstd = _tile_rstd(r, H, eps)
-            tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
-    elif ok:
-        for m in range(pid, W, nprog):
-            ssq = tl.zeros([HB], tl.float32)
-            for h0 in range(0, H, HB):
-                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R)
-                tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
-                ssq += r * r
-            rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
-            for h0 in range(0, H, HB):
-                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R)
-                w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
-                tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
+        if ok:
+            off, cm = _row_as_4_chunks(H, HB)
+            for m in range(pid, W, nprog):
+                r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
+                w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
+                tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
+                rstd = _tile_rstd(r, H, eps)
+                tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
     return ok
 
 
@@ -1570,6 +1582,10 @@ def layer_kernel(
     # post-attention norm's rows each cut into PNC chunks over the programs (Plan.PNC, a
     # measurement knob; 0: one program a row)
     PNC: tl.constexpr = 0,
+    # the post-attention norm's row walked in chunks by its program (Plan.PNL, a measurement knob)
+    PNL: tl.constexpr = False,
+    # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
+    MCV: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
     # the last N, -1 none, a TP8 rank's sm_90 default; the knob `prefetch_programs`)
     PFN: tl.constexpr = 0,
@@ -1757,7 +1773,7 @@ def layer_kernel(
                        CLOCK, FAULT, PADKB if PADS == 13 else 0, SY)
         if ok and not WCB:
             stage_mlacomb(pid, nprog, _p(row, P.PART, f32), _p(row, P.ML, f32), _p(row, P.ATTN, bf16),
-                          W, NH, KVL, TOPK, CT)
+                          W, NH, KVL, TOPK, CT, MCV)
     if FIRST <= 14 and LAST >= 14:
         # WCB: the combine runs in this stage's tiles (stage 13 is empty)
         if ok:
@@ -1785,7 +1801,7 @@ def layer_kernel(
                                 _p(row, P.AP, bf16), _p(row, P.AR1, bf16), _p(row, P.CNT, i32), epoch,
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
-                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR)
+                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR, PNL)
     if FIRST <= 17 and LAST >= 17:
         # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
         if ok:
