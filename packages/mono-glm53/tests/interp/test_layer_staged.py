@@ -424,6 +424,39 @@ def test_postnorm_loop_walks_each_row_in_chunks_and_meets_the_reference(width, r
     assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
 
 
+@pytest.mark.parametrize("width,rows,nprog", [(2, 2, 5), (4, 3, 7)])
+def test_postnorm_split_norms_in_two_passes_over_chunks_and_meets_the_reference(width, rows, nprog):
+    """postnorm_split (Plan.PNS): the post-attention norm as two passes over (row, 32-column
+    chunk) items on every program (hidden 384: twelve chunks a row), a hand-off between, the
+    chunks' sums of squares in ap. Its squares are summed in an order of its own: the residual
+    stream is the default's bits, h2 within a bf16 step of the default's, the rest held to the
+    reference's bounds. Refused beside the other norm placements and at world > 1, all at once."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, hidden=384)
+    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=29, knobs={"postnorm_split": True})
+    assert not failures(m), m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+    c = build_case(s, rows, 40, True, seed=9)
+    got = {}
+    for pns in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_split=pns)
+        assert k.plan.PNS == (32 if pns else 0)
+        k.h2.fill_(float("nan"))
+        kernel_out(c, k, "staged")
+        got[pns] = (k.res_out[:rows].clone(), k.h2[:rows].float())
+    (ra, ha), (rb, hb) = got[False], got[True]
+    assert torch.equal(ra, rb)
+    # an rstd of another summation order moves an h2 value by at most one bf16 step
+    assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
+    with pytest.raises(ValueError, match=r"postnorm_split and postnorm_loop, norm_in_router each place"):
+        GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_split=True,
+                       postnorm_loop=True, norm_in_router=True)
+
+
 def test_mlacomb_vec_meets_the_reference():
     """mlacomb_vec (Plan.MCV): the MLA combine's chunks as one load and block reductions
     (top-k 128 at 700 tokens: two chunks of 64 to combine), its sums in their own order: within

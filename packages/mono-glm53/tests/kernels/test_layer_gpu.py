@@ -98,6 +98,13 @@ def test_postnorm_loop_matches_reference(sname, width):
     _check_reference(sname, width, 4096, knobs={"postnorm_loop": True})
 
 
+# postnorm_split: the post-attention norm in two passes over 128-column chunks on every program,
+# a hand-off between (its squares summed in chunk order): the same checks, one rank
+@pytest.mark.parametrize("sname,width", (("tp8i", 2), ("tp8i", 8), ("tp1", 2)))
+def test_postnorm_split_matches_reference(sname, width):
+    _check_reference(sname, width, 4096, knobs={"postnorm_split": True})
+
+
 # mlacomb_vec: the MLA combine's chunks as one load and block reductions (sums in their own
 # order): the same checks, at 1000 tokens too (fewer selected tokens than the top-k: chunks
 # with nothing valid)

@@ -234,6 +234,37 @@ def test_postnorm_spread_chunks_like_norm_spread_on_one_rank_of_sm90_only():
         _with_knobs(plan, s, 264, {"postnorm_spread": True}, hip=True)
 
 
+def test_post_attention_norm_and_combine_forms_are_sm90_knobs_each_refused_with_its_reason():
+    """postnorm_loop (Plan.PNL), postnorm_split (Plan.PNS: 128-column chunks, one rank) and
+    mlacomb_vec (Plan.MCV) set their plan fields on sm_90; gfx950, a rank of a world
+    (postnorm_split), two placements of the post-attention norm at once and mlacomb_vec beside
+    wuv_combine (which leaves the combine stage empty) are refused, every reason at once."""
+    from mono_glm53.kernels.layer import _with_knobs, make_tp_plan
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 8, True, 264)
+    assert (plan.PNL, plan.PNS, plan.MCV) == (False, 0, False)
+    got = [_with_knobs(plan, s, 264, {k: True}) for k in ("postnorm_loop", "postnorm_split", "mlacomb_vec")]
+    assert (got[0].PNL, got[1].PNS, got[2].MCV) == (True, 128, True)
+    with pytest.raises(ValueError, match=r"postnorm_split is built for one rank alone .* its 8-rank form"):
+        _with_knobs(make_tp_plan(s, 8, True, 264, 8), s, 264, {"postnorm_split": True})
+    with pytest.raises(ValueError) as e:
+        _with_knobs(plan, s, 264, {"postnorm_split": True, "postnorm_loop": True, "mlacomb_vec": True,
+                                   "wuv_combine": True})
+    # the one conflict told once, by postnorm_split's check
+    assert str(e.value).count("each place the post-attention norm") == 1
+    assert "postnorm_split and postnorm_loop each place the post-attention norm" in str(e.value)
+    assert "mlacomb_vec is the combine stage's form" in str(e.value)
+    with pytest.raises(ValueError, match=r"postnorm_loop, postnorm_spread and norm_in_router each place"):
+        _with_knobs(plan, s, 264, {"postnorm_loop": True, "postnorm_spread": True})
+    with pytest.raises(ValueError) as e:
+        _with_knobs(plan, s, 264, {"postnorm_split": True, "mlacomb_vec": True}, hip=True)
+    assert "postnorm_split is not resource-checked on gfx950" in str(e.value)
+    assert "mlacomb_vec is not resource-checked on gfx950" in str(e.value)
+    with pytest.raises(ValueError, match=r"postnorm_loop is not resource-checked on gfx950"):
+        _with_knobs(plan, s, 264, {"postnorm_loop": True}, hip=True)
+
+
 def test_addnorm_is_spread_by_default_on_sm90_only_and_the_knob_turns_it_off():
     """sm_90's builds spread addnorm's rows (Plan.ANC by `addnorm_chunks`) on every shape, the
     launcher's plan and the compiled variant's alike; gfx950's keep one program a row; the

@@ -196,6 +196,9 @@ class Plan:
     # the post-attention norm's row walked in HB-column chunks by its program, twice, each
     # chunk one round of loads: compact code (`postnorm_loop`, a knob)
     PNL: bool = False
+    # the post-attention norm as two passes over PNS-column chunks dealt over every program, a
+    # hand-off between (`postnorm_split`, a knob; one rank; 0: not)
+    PNS: int = 0
     # the MLA combine's chunks of a tile as one [NCH, DC] load and block reductions, not the
     # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
     MCV: bool = False
@@ -391,6 +394,11 @@ KNOBS = {
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
                    "1.9 us at 1 row, 4.9 -> 3.2 at 8; the layer 160.8 / 287.4 against 161.1 / 291.7",
+    "postnorm_split": "Plan.PNS, the post-attention norm as two passes over (row, 128-column chunk) items on "
+                      "every program with a hand-off between: the chunks' residuals and sums of squares, then "
+                      "each row's rstd from its chunks' sums and the chunks' norm (one rank; its squares summed "
+                      "in another order). Built in session 35 to take the one-program norm's ~150 KB off one SM "
+                      "(postnorm 8.5 us at 1 row, H100); its fused form has not run on a GPU yet",
     "postnorm_loop": "Plan.PNL, the post-attention norm's row walked in chunks by its program (each chunk's "
                      "split-K slots loaded together), twice, where the default holds it as one [4, HB] tile "
                      "(the stage's sm_90 code 18.2 -> 12.2 KB); its squares summed in another order. H100, "
@@ -751,6 +759,20 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "name one of them")
         else:
             change["PNL"] = True
+    if k.get("postnorm_split"):
+        others = [n for n in ("postnorm_loop", "postnorm_spread", "norm_in_router") if k.get(n)]
+        if hip:
+            errors.append("postnorm_split is not resource-checked on gfx950: build without it")
+        elif plan.R > 1:
+            errors.append(f"postnorm_split is built for one rank alone (the bench's shard, TP1): its {plan.R}-rank "
+                          "form norms the all-reduced rows; build it at world 1")
+        elif others:
+            errors.append(f"postnorm_split and {', '.join(others)} each place the post-attention norm: name one of them")
+        elif s.hidden % plan.BLK:
+            errors.append(f"postnorm_split cuts rows into {plan.BLK}-column chunks; the hidden size {s.hidden} is not "
+                          "a multiple: build without it")
+        else:
+            change["PNS"] = plan.BLK
     if k.get("mlacomb_vec"):
         if hip:
             errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")
@@ -1107,7 +1129,8 @@ class GlmLayerKernel:
         self.inter = z(p.NSLOT, W, p.I, dtype=bf16)
         self.inters = z(p.NSLOT, W, p.I // p.BLK)
         # all-reduce scratch (R > 1): point 1's bf16 partial and sum, point 2's bf16 partial
-        nar = W * s.hidden if world > 1 else 16
+        # (postnorm_split: ap holds the rows' chunk sums of squares at one rank)
+        nar = W * s.hidden if world > 1 or p.PNS else 16
         self.ap, self.ar1, self.dp = z(nar, dtype=bf16), z(nar, dtype=bf16), z(nar, dtype=bf16)
         if world > 1:
             self.ar_tabs = tuple(peers.table[n] for n in ("glm53.ar1.mbox", "glm53.ar1.flags",

@@ -868,7 +868,7 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
                    W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
                    KS9: tl.constexpr, R: tl.constexpr, RP2: tl.constexpr, ARB: tl.constexpr,
                    CLOCK: tl.constexpr, FAULT: tl.constexpr, NC: tl.constexpr = 0, NORM: tl.constexpr = True,
-                   LOOP: tl.constexpr = False):
+                   LOOP: tl.constexpr = False, SPLIT: tl.constexpr = 0, WAIT: tl.constexpr = True):
     """TP all-reduce point 1 + residual add + post-attention RMSNorm -> res_out, h2.
     NORM False (Plan.NIR, the knob `norm_in_router`): the all-reduce alone (R > 1; nothing at
     R == 1), the norm left to the router's programs (`stage_router_normed`).
@@ -885,7 +885,16 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
     twice (the residual sum and its squares, then the norm from the residual made again),
     each chunk one round of loads: compact code where the whole-row [4, HB] tile's elementwise
     work (64 values a thread) is ~18 KB of straight code that a launch runs once, cold (sm_90,
-    `bench/code_size.py`). Its squares are summed a chunk at a time, an order of its own."""
+    `bench/code_size.py`). Its squares are summed a chunk at a time, an order of its own.
+    SPLIT > 0 (Plan.PNS, the knob `postnorm_split`; one rank): two passes over (row, SPLIT-column
+    chunk) items dealt over every program, a hand-off between them (the counter the all-reduce's
+    ranks use, idle at one rank): the first sums each chunk's split-K slots and residual, writes
+    res_out and the chunk's sum of squares (into ap, the all-reduce's push rows, unused at one
+    rank); the second sums a row's chunk partials in order for its rstd, makes its chunk's
+    residual again and writes h2. So no program reads a whole row: at 1 row the one-program
+    forms read its six o_proj slots (~150 KB) through one SM (H100, session 35). WAIT False (the
+    staged launch, whose programs may run one after another): no wait; each second-pass item
+    makes its row's chunk partials itself, the same values summed the same way (the same bits)."""
     c = tl.arange(0, HB)
     ok = True
     if R > 1:
@@ -905,7 +914,43 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
     # one branch a form, chosen by constexprs (the ok test inside each)
-    if NORM and NC > 0:
+    if NORM and SPLIT > 0:
+        tl.static_assert(R == 1, "postnorm_split is the one-rank form")
+        NCK: tl.constexpr = H // SPLIT
+        NCP: tl.constexpr = 16 if NCK <= 16 else (32 if NCK <= 32 else (64 if NCK <= 64 else (
+            128 if NCK <= 128 else 256)))
+        tl.static_assert(NCK <= 256, "postnorm_split reads a row's chunk sums as one vector of at most 256")
+        cs = tl.arange(0, SPLIT)
+        pss = ap_ptr.to(tl.pointer_type(tl.float32))  # [W, NCK] chunk sums of squares
+        for t in range(pid, W * NCK, nprog):
+            m = t // NCK
+            h0 = (t % NCK) * SPLIT
+            r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, SPLIT, KS9, R, KS9)
+            tl.store(res_out_ptr + m * H + h0 + cs, _rbf(r))
+            tl.store(pss + t + tl.arange(0, 1), tl.sum(r * r, 0) + tl.zeros([1], tl.float32))
+        # counted in both launches, so fused and staged steps can be mixed
+        signal(cnt_ptr + STAGE_AR1, 1, False)
+        if WAIT:
+            ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
+                         deadline, R, CLOCK, FAULT, False)
+        if ok:
+            cp = tl.arange(0, NCP)
+            for t in range(pid, W * NCK, nprog):
+                m = t // NCK
+                h0 = (t % NCK) * SPLIT
+                if WAIT:
+                    part = tl.load(pss + m * NCK + cp, mask=cp < NCK, other=0.0)
+                else:
+                    part = tl.zeros([NCP], tl.float32)
+                    for j in range(NCK):
+                        rj = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, j * SPLIT, W, H, SPLIT, KS9, R, KS9)
+                        part = tl.where(cp == j, tl.sum(rj * rj, 0), part)
+                ssq = tl.sum(part, 0)
+                rstd = tl.rsqrt(ssq / H + eps)
+                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, SPLIT, KS9, R, KS9)
+                w = tl.load(w_post_ptr + h0 + cs).to(tl.float32)
+                tl.store(h2_ptr + m * H + h0 + cs, _rbf(r * rstd * w))
+    elif NORM and NC > 0:
         if ok:
             CB: tl.constexpr = H // NC
             off, cm = _row_as_4_chunks(H, HB)
@@ -1584,6 +1629,9 @@ def layer_kernel(
     PNC: tl.constexpr = 0,
     # the post-attention norm's row walked in chunks by its program (Plan.PNL, a measurement knob)
     PNL: tl.constexpr = False,
+    # the post-attention norm as two passes over column chunks with a hand-off (Plan.PNS, a
+    # measurement knob; 0: not)
+    PNS: tl.constexpr = 0,
     # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
     MCV: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
@@ -1801,7 +1849,7 @@ def layer_kernel(
                                 _p(row, P.AP, bf16), _p(row, P.AR1, bf16), _p(row, P.CNT, i32), epoch,
                                 _p(row, P.AR1_MBOX, i64), _p(row, P.AR1_FLAG, i64), _pu(row, P.ABORT, i32),
                                 _p(row, P.ABORT_TAB, i64), _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE),
-                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR, PNL)
+                                W, BM, H, HB, 1 if FIX9 else KS9, R, RP2, ARB, CLOCK, FAULT, PNC, not NIR, PNL, PNS, FUSED)
     if FIRST <= 17 and LAST >= 17:
         # NIR: the norm runs in this stage's programs (stage 16 is the all-reduce alone)
         if ok:
