@@ -394,6 +394,34 @@ def test_mla_hold_meets_the_reference(ct):
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
 
 
+def _norm_form_against_the_default(knob, width, rows, nprog, seed):
+    """A post-attention norm form (`knob` True, hidden 384) against the reference within the
+    default staged launch's bounds, and against the default: res_out its bits, h2 (poisoned
+    first) within a bf16 step, every value written. Returns the knob's kernel (its plan)."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, hidden=384)
+    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=seed, knobs={knob: True})
+    assert not failures(m), m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+    c = build_case(s, rows, 40, True, seed=seed + 1)
+    got = {}
+    for on in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", **{knob: on})
+        k.h2.fill_(float("nan"))
+        kernel_out(c, k, "staged")
+        got[on] = (k.res_out[:rows].clone(), k.h2[:rows].float())
+    (ra, ha), (rb, hb) = got[False], got[True]
+    assert torch.equal(ra, rb)
+    # an rstd of another summation order (an fp32 ulp or so) moves an h2 value by at most one
+    # bf16 step: 2^-7 of it at most
+    assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
+    return k
+
+
 @pytest.mark.parametrize("width,rows,nprog", [(2, 2, 3), (4, 3, 2)])
 def test_postnorm_loop_walks_each_row_in_chunks_and_meets_the_reference(width, rows, nprog):
     """postnorm_loop (Plan.PNL): a row's program walks the post-attention norm in HB-column
@@ -401,60 +429,18 @@ def test_postnorm_loop_walks_each_row_in_chunks_and_meets_the_reference(width, r
     for 3 rows: one program norms two). Its squares are summed in an order of its own, so the
     residual stream it writes is the default's bits and the rest is held to the reference's
     bounds, as the default is."""
-    import torch
-
-    from mono_glm53.kernels.harness import build_case, kernel_out
-    from mono_glm53.kernels.layer import GlmLayerKernel
-
-    s = tiny(index_heads=8, hidden=384)
-    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=23, knobs={"postnorm_loop": True})
-    assert not failures(m), m
-    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
-    c = build_case(s, rows, 40, True, seed=5)
-    got = {}
-    for pnl in (False, True):
-        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_loop=pnl)
-        assert k.plan.PNL == pnl and k.plan.H // k.plan.HB == 3
-        kernel_out(c, k, "staged")
-        got[pnl] = (k.res_out[:rows].clone(), k.h2[:rows].float())
-    (ra, ha), (rb, hb) = got[False], got[True]
-    assert torch.equal(ra, rb)
-    # an rstd of another summation order (an fp32 ulp or so) moves an h2 value by at most one
-    # bf16 step: 2^-7 of it at most
-    assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
+    k = _norm_form_against_the_default("postnorm_loop", width, rows, nprog, 23)
+    assert k.plan.PNL and k.plan.H // k.plan.HB == 3
 
 
 @pytest.mark.parametrize("width,rows,nprog", [(2, 2, 5), (4, 3, 7)])
 def test_postnorm_split_norms_in_two_passes_over_chunks_and_meets_the_reference(width, rows, nprog):
     """postnorm_split (Plan.PNS): the post-attention norm as two passes over (row, 32-column
     chunk) items on every program (hidden 384: twelve chunks a row), a hand-off between, the
-    chunks' sums of squares in ap. Its squares are summed in an order of its own: the residual
-    stream is the default's bits, h2 within a bf16 step of the default's, the rest held to the
-    reference's bounds. Refused beside the other norm placements and at world > 1, all at once."""
-    import torch
-
-    from mono_glm53.kernels.harness import build_case, kernel_out
-    from mono_glm53.kernels.layer import GlmLayerKernel
-
-    s = tiny(index_heads=8, hidden=384)
-    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=29, knobs={"postnorm_split": True})
-    assert not failures(m), m
-    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
-    c = build_case(s, rows, 40, True, seed=9)
-    got = {}
-    for pns in (False, True):
-        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_split=pns)
-        assert k.plan.PNS == (32 if pns else 0)
-        k.h2.fill_(float("nan"))
-        kernel_out(c, k, "staged")
-        got[pns] = (k.res_out[:rows].clone(), k.h2[:rows].float())
-    (ra, ha), (rb, hb) = got[False], got[True]
-    assert torch.equal(ra, rb)
-    # an rstd of another summation order moves an h2 value by at most one bf16 step
-    assert torch.allclose(ha, hb, rtol=2**-7, atol=0.0) and not torch.isnan(hb).any()
-    with pytest.raises(ValueError, match=r"postnorm_split and postnorm_loop, norm_in_router each place"):
-        GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", postnorm_split=True,
-                       postnorm_loop=True, norm_in_router=True)
+    chunks' sums of squares in ap; the staged launch's second pass makes a row's chunk sums
+    itself. Its squares are summed in an order of its own: as postnorm_loop's test."""
+    k = _norm_form_against_the_default("postnorm_split", width, rows, nprog, 29)
+    assert k.plan.PNS == 32
 
 
 def test_mlacomb_vec_meets_the_reference():
