@@ -47,6 +47,7 @@ Prints one line per (size, state), or per (form, stream, state), and writes DIR/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -237,6 +238,20 @@ def _compile(job):
     return job
 
 
+def _median_span(torch, launch, pre, t) -> float:
+    """Median over SAMPLES (the first SKIP dropped) of one launch's span in us, last program's
+    end minus first program's start from its stamps t, each launch after `launch(); pre()`."""
+    spans = []
+    for _ in range(SAMPLES):
+        launch()
+        pre()
+        launch()
+        torch.cuda.synchronize()
+        v = t.view(NPROG, 2).cpu()
+        spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
+    return statistics.median(spans[SKIP:])
+
+
 def measure_roles(torch, out=print) -> list[dict]:
     r = _Roles(torch)
     big = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
@@ -246,16 +261,8 @@ def measure_roles(torch, out=print) -> list[dict]:
     for skb in STREAM_KB:
         for roles in (False, True):
             for state, pre in before.items():
-                spans = []
-                for _ in range(SAMPLES):
-                    r.launch(roles, skb)
-                    pre()
-                    r.launch(roles, skb)
-                    torch.cuda.synchronize()
-                    v = r.t.view(NPROG, 2).cpu()
-                    spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
-                row = dict(form="roles" if roles else "all", stream_kb=skb, state=state,
-                           span_us=statistics.median(spans[SKIP:]))
+                span = _median_span(torch, functools.partial(r.launch, roles, skb), pre, r.t)
+                row = dict(form="roles" if roles else "all", stream_kb=skb, state=state, span_us=span)
                 out(f"{row['form']:5s} stream {skb:3d} KB a program a stage  {state:7s} {row['span_us']:8.2f} us")
                 rows.append(row)
     return rows
@@ -269,19 +276,11 @@ def measure_prewarm(torch, out=print) -> list[dict]:
     dst = torch.empty(4 * NPROG * 1024, dtype=torch.int32, device="cuda")
     before = {"warm": lambda: None, "rplain": lambda: _read(big, dst, 0)}
     rows = []
-    forms = {"roles": lambda: r.launch(True, 0), "called": lambda: r.launch_called(False),
-             "called+prewarm": lambda: r.launch_called(True)}
+    forms = {"roles": functools.partial(r.launch, True, 0), "called": functools.partial(r.launch_called, False),
+             "called+prewarm": functools.partial(r.launch_called, True)}
     for state, pre in before.items():
         for form, launch in forms.items():
-            spans = []
-            for _ in range(SAMPLES):
-                launch()
-                pre()
-                launch()
-                torch.cuda.synchronize()
-                v = r.t.view(NPROG, 2).cpu()
-                spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
-            row = dict(form=form, state=state, span_us=statistics.median(spans[SKIP:]))
+            row = dict(form=form, state=state, span_us=_median_span(torch, launch, pre, r.t))
             out(f"{row['form']:15s} {state:7s} {row['span_us']:8.2f} us")
             rows.append(row)
     return rows
@@ -302,15 +301,8 @@ def measure(torch, out=print) -> list[dict]:
     rows = []
     for steps in STEPS:
         for state, pre in before.items():
-            spans = []
-            for _ in range(SAMPLES):
-                _launch(steps, 0, x, o, t)
-                pre()
-                _launch(steps, 0, x, o, t)
-                torch.cuda.synchronize()
-                v = t.view(NPROG, 2).cpu()
-                spans.append((v[:, 1].max() - v[:, 0].min()).item() / 1e3)
-            r = dict(kb=steps * 64 / 1024, state=state, span_us=statistics.median(spans[SKIP:]))
+            span = _median_span(torch, functools.partial(_launch, steps, 0, x, o, t), pre, t)
+            r = dict(kb=steps * 64 / 1024, state=state, span_us=span)
             out(f"{r['kb']:6.0f} KB  {state:8s} {r['span_us']:8.2f} us")
             rows.append(r)
     return rows

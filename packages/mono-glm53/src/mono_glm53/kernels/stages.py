@@ -913,8 +913,9 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             signal(cnt_ptr + STAGE_AR1, 1, False)
             ok = wait_ge(cnt_ptr + STAGE_AR1, epoch * nprog, abort_ptr, abort_tab, err_ptr, rank, pid, 16,
                          deadline, R, CLOCK, FAULT, False)
-    # one branch a form, chosen by constexprs (the ok test inside each)
-    if NORM and SPLIT > 0:
+    if not NORM:
+        pass
+    elif SPLIT > 0:
         tl.static_assert(R == 1, "postnorm_split is the one-rank form")
         NCK: tl.constexpr = H // SPLIT
         NCP: tl.constexpr = 16 if NCK <= 16 else (32 if NCK <= 32 else (64 if NCK <= 64 else (
@@ -950,48 +951,45 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
                 r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, SPLIT, KS9, R, KS9)
                 w = tl.load(w_post_ptr + h0 + cs).to(tl.float32)
                 tl.store(h2_ptr + m * H + h0 + cs, _rbf(r * rstd * w))
-    elif NORM and NC > 0:
-        if ok:
-            CB: tl.constexpr = H // NC
-            off, cm = _row_as_4_chunks(H, HB)
-            cq = tl.arange(0, CB)
-            for t in range(pid, W * NC, nprog):
-                m = t // NC
-                h0 = (t % NC) * CB
-                rstd = _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R), H, eps)
-                rc = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, h0 + cq, cq >= 0, W, H, KS9, R)
-                w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
-                tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
-                tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
-    elif NORM and (LOOP or H // HB > 4):
-        # the row in HB-column chunks, twice; LOOP: a chunk's split-K slots loaded together (up
-        # to 16K values in flight, 128 a thread), else `sum_slots`'s groups of 4096 values
-        LG: tl.constexpr = KS9 if LOOP and KS9 * HB <= 16384 else 0
-        if ok:
-            for m in range(pid, W, nprog):
-                ssq = tl.zeros([HB], tl.float32)
-                for h0 in range(0, H, HB):
-                    r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
-                    tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
-                    ssq += r * r
-                rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
-                for h0 in range(0, H, HB):
-                    r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
-                    w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
-                    tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
-    elif NORM:
+    elif ok and NC > 0:
+        CB: tl.constexpr = H // NC
+        off, cm = _row_as_4_chunks(H, HB)
+        cq = tl.arange(0, CB)
+        for t in range(pid, W * NC, nprog):
+            m = t // NC
+            h0 = (t % NC) * CB
+            rstd = _tile_rstd(_post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R), H, eps)
+            rc = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, h0 + cq, cq >= 0, W, H, KS9, R)
+            w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
+            tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
+            tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
+    elif ok and H // HB <= 4 and not LOOP:
         # the whole row as [4, HB] (as stage_addnorm): the sum and the residual computed once
         # and kept, the split-K slots one whole-row load each (KS9 memory round trips in all,
         # where the chunk loop paid ~KS9 / 2 a chunk and pass: ~18 at a TP8 rank, ~11 us);
         # the slots are added in slot order, as `_sum_splits` adds them
-        if ok:
-            off, cm = _row_as_4_chunks(H, HB)
-            for m in range(pid, W, nprog):
-                r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
-                w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
-                tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
-                rstd = _tile_rstd(r, H, eps)
-                tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+        off, cm = _row_as_4_chunks(H, HB)
+        for m in range(pid, W, nprog):
+            r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
+            w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
+            tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
+            rstd = _tile_rstd(r, H, eps)
+            tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+    elif ok:
+        # the row in HB-column chunks, twice; LOOP: a chunk's split-K slots loaded together (up
+        # to 16K values in flight, 128 a thread), else `sum_slots`'s groups of 4096 values
+        LG: tl.constexpr = KS9 if LOOP and KS9 * HB <= 16384 else 0
+        for m in range(pid, W, nprog):
+            ssq = tl.zeros([HB], tl.float32)
+            for h0 in range(0, H, HB):
+                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
+                tl.store(res_out_ptr + m * H + h0 + c, _rbf(r))
+                ssq += r * r
+            rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
+            for h0 in range(0, H, HB):
+                r = _attn_plus_resid(op_ptr, ar1_ptr, resid1_ptr, m, h0, W, H, HB, KS9, R, LG)
+                w = tl.load(w_post_ptr + h0 + c).to(tl.float32)
+                tl.store(h2_ptr + m * H + h0 + c, _rbf(r * rstd * w))
     return ok
 
 
