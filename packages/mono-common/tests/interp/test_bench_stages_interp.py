@@ -80,6 +80,16 @@ def test_the_seeded_row_topk_variant_checks_and_hands_off_twice_a_set(one_call_t
     assert row["variant"] == "rowh" and row["handoffs_per_set"] == 2 and row["L"] == 4
 
 
+def test_the_spread_topk_variant_checks_and_hands_off_three_times_a_set(one_call_timer):
+    """`spread`: radix pass 0, the spread threshold, the spread write, a hand-off after each:
+    the reference's integers over 4 sets whose histogram slices zero each other (the threshold
+    word included)."""
+    job = B.Job("topk", (600, 128), 3, "spread", 1)
+    (row,) = B.bench_jobs(torch, torch.device("cpu"), [job], ceiling=4.0, replays=3, out=lambda s: None)
+    assert row.get("error") is None and row["check"] == "exact", row
+    assert row["variant"] == "spread" and row["handoffs_per_set"] == 3 and row["L"] == 4
+
+
 def test_a_row_top_k_longer_than_its_rows_is_refused():
     from mono_common.stages import linked_host as LH
 
@@ -90,6 +100,11 @@ def test_a_row_top_k_longer_than_its_rows_is_refused():
             LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, row)
     with pytest.raises(ValueError, match="hist seeds the one-program-a-row search: give row"):
         LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, 0, hist=True)
+    for spread in (512, 768):
+        with pytest.raises(ValueError, match=f"spread {spread} must be a power of two of at least the rows' 600"):
+            LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, spread=spread)
+    with pytest.raises(ValueError, match=r"spread needs the fine histograms: make the buffers with topk_buffers"):
+        LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, spread=1024)
 
 
 def test_a_failing_check_is_reported_and_still_timed(one_call_timer, monkeypatch):

@@ -56,6 +56,9 @@ def check_topk(dev, n, rows, k, nprog, ties, seed=0):
         # seeded by radix pass 0 (`topk_row` HIST): packed candidates or, with ties, in place
         forms.append(("rowh", H.run_topk(sd, ld, k, nprog, row=4096, row_hist=True)))
         forms.append(("rowh-linked", LH.run_topk_linked(sd, ld, k, nprog, row=4096, hist=True)))
+        # the spread form: radix pass 0, the threshold by its candidates' tiles, the write
+        forms.append(("spread", H.run_topk(sd, ld, k, nprog, spread=4096)))
+        forms.append(("spread-linked", LH.run_topk_linked(sd, ld, k, nprog, spread=4096)))
     for form, got in forms:
         got = got.cpu().long()
         for m, nm in enumerate(seqlen.tolist()):

@@ -292,6 +292,43 @@ def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, 
     assert ha[:2, 256:].sum() > 0 and torch.equal(hb[:2, 256:], ha[:2, 256:]) == (not row_path)
 
 
+@pytest.mark.parametrize("tks,spread_path", [(1024, True), (512, False)], ids=["rows-fit", "a-row-too-long"])
+def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_bits(tks, spread_path):
+    """topk_spread (Plan.TKS): a step whose rows all have at most TKS tokens finds each long
+    row's threshold in stage 7 (the tiles holding keys of its top digit) and places every row's
+    keys in stage 8, on every program, stages 9-11 only signalling; a step with a longer row
+    takes the radix stages. Rows of 600, 530 and 9 tokens (top 16) on 4 programs: the top-k
+    and the layer are the default's either way, the index scores fill the long rows' fine
+    histograms (their keys by top 16 bits), and on the spread path each long row's threshold
+    word holds its 16th largest key."""
+    import torch
+
+    from mono_common.stages.topk import TKS_WORD
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8, index_topk=16)
+    c = build_case(s, 3, 600, True, seed=31, ctxs=[600, 530, 9])
+    got = []
+    for knob in (None, tks):
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_spread=knob)
+        assert k.plan.TKF and k.plan.TKS == (knob or 0) and k.plan.RKS == (128 if knob else 16)
+        got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.topk.clone(), k.scores.clone(), k.tkf.clone()))
+    ((a, ca), ha, ta, _, _), ((b, cb), hb, tb, sb, fb) = got
+    assert torch.equal(ta, tb) and (ta[:3] >= 0).sum() == 16 + 16 + 9
+    assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b))
+    assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+    assert torch.equal(hb[:3, :256], ha[:3, :256])
+    for m, n in ((0, 600), (1, 530)):
+        kth = torch.topk(sb[m, :n], 16).values[-1].view(torch.int32)
+        key = int(kth) ^ ((int(kth) >> 31) & 0x7FFFFFFF)
+        assert (int(hb[m, TKS_WORD.value]) == key) == spread_path, m
+    # the radix passes 1-3 fill the bins after pass 0's only without the spread path
+    assert ha[:2, 256:512].sum() > 0 and (hb[:2, 256:512].sum() == 0) == spread_path
+    # the index scores filled the fine histograms of the rows longer than the top-k either way
+    assert fb[:3].sum(1).tolist() == [600, 530, 0]
+
+
 @pytest.mark.parametrize("tkr,row_path,nprog", [(1024, True, 5), (1024, True, 4), (512, False, 5)],
                          ids=["rows-fit", "no-program-without-a-row", "a-row-too-long"])
 def test_topk_row_absorb_runs_the_absorption_beside_the_row_topk_and_gives_the_default_bits(tkr, row_path, nprog):
@@ -449,6 +486,18 @@ def test_mlacomb_vec_meets_the_reference():
     the bounds the default's staged launch meets."""
     s = tiny(index_heads=8, index_topk=128)
     m = run_case(s, 2, 2, 700, True, modes=("staged",), nprog=3, seed=7, knobs={"mlacomb_vec": True})
+    assert not failures(m), m
+    assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
+@pytest.mark.parametrize("knobs", [{"mla_chunk": 16}, {"mla_chunk": 32, "mlacomb_vec": True}], ids=["16", "32-vec"])
+def test_mla_chunk_meets_the_reference(knobs):
+    """mla_chunk (Plan.CT): the MLA stage's chunks of 16 or 32 selected tokens (top-k 128 at 700
+    tokens: eight or four chunks to combine, with mlacomb_vec's combine too), its sums over
+    other chunks: within the bounds the default's staged launch meets."""
+    s = tiny(index_heads=8, index_topk=128)
+    m = run_case(s, 2, 2, 700, True, modes=("staged",), nprog=3, seed=7, knobs=knobs)
     assert not failures(m), m
     assert m["glm53_layer.mla_cache.max_abs_ulps"] <= 1.0, m
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m

@@ -105,6 +105,13 @@ def test_postnorm_split_matches_reference(sname, width):
     _check_reference(sname, width, 4096, knobs={"postnorm_split": True})
 
 
+# mla_chunk: the MLA stage's chunks of 16 or 32 tokens (the sums over other chunks), with
+# mlacomb_vec's combine: the same checks, at the served TP8 shard
+@pytest.mark.parametrize("width,ct", ((2, 32), (8, 32), (2, 16)))
+def test_mla_chunk_matches_reference(width, ct):
+    _check_reference("tp8i", width, 4096, knobs={"mla_chunk": ct, "mlacomb_vec": True})
+
+
 # mlacomb_vec: the MLA combine's chunks as one load and block reductions (sums in their own
 # order): the same checks, at 1000 tokens too (fewer selected tokens than the top-k: chunks
 # with nothing valid)

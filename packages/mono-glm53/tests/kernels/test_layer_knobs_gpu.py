@@ -66,6 +66,9 @@ KNOB_SETS = {
     "topk_row": dict(topk_row=True),
     # and the absorption moved beside it, off the index scores' path
     "topk_row_absorb": dict(topk_row=True, topk_row_absorb=True),
+    # the top-k of such a step in two stages on every program: each long row's threshold by
+    # the tiles holding keys of its top digit, then every tile's keys placed
+    "topk_spread": dict(topk_spread=True),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded
     "wuv_combine": dict(wuv_combine=True),
     # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off

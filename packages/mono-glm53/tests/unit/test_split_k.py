@@ -200,6 +200,59 @@ def test_topk_row_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_sm90
         _with_knobs(hip, s, 264, {"topk_row": True}, hip=True)
 
 
+def test_topk_spread_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_sm90():
+    """topk_spread sets Plan.TKS (true: 4096) and its keys a tile (RKS: the rows in about one
+    tile a program, 16..128); a bad value, a build without the first radix pass in the index
+    scores or with radix_loop, beside topk_row, without the indexer and on gfx950 are refused,
+    each with its reason."""
+    from mono_common.stages.topk import spread_keys
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    p = _with_knobs(sm, s, 264, {"topk_spread": True})
+    assert sm.TKS == 0 and (p.TKS, p.RKS) == (4096, 32) and p.TKR == 0
+    assert dataclasses.replace(p, TKS=0, RKS=16) == sm
+    assert _with_knobs(sm, s, 264, {"topk_spread": 512}).TKS == 512
+    sm8 = dataclasses.replace(make_plan(s, 8, True, 264), **isa_options("sm_90", s))
+    assert _with_knobs(sm8, s, 264, {"topk_spread": True}).RKS == 128
+    assert [spread_keys(w, 4096, 264) for w in (1, 2, 4, 8, 32)] == [16, 32, 64, 128, 128]
+    for bad in (128, 3000, 8192, "4096"):
+        with pytest.raises(ValueError, match=r"topk_spread .* is not true or a power of two in 256..4096"):
+            _with_knobs(sm, s, 264, {"topk_spread": bad})
+    for extra in ({"hist_in_scores": False}, {"radix_loop": True}):
+        with pytest.raises(ValueError, match=r"topk_spread takes the first radix pass in the index scores"):
+            _with_knobs(sm, s, 264, {"topk_spread": True, **extra})
+    with pytest.raises(ValueError, match=r"topk_row and topk_spread each take a short step's top-k"):
+        _with_knobs(sm, s, 264, {"topk_spread": True, "topk_row": True})
+    nidx = dataclasses.replace(make_plan(s, 2, False, 264), **isa_options("sm_90", s))
+    with pytest.raises(ValueError, match=r"topk_spread needs the indexer"):
+        _with_knobs(nidx, s, 264, {"topk_spread": True})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"topk_spread is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"topk_spread": True}, hip=True)
+
+
+def test_mla_chunk_sets_the_chunk_of_the_streamed_form_on_sm90():
+    """mla_chunk sets Plan.CT (16 or 32), not HOLD; a value that is not 16 or 32, beside mla_hold
+    and on gfx950 are refused, each with its reason."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert sm.CT == 64
+    for ct in (16, 32):
+        assert _with_knobs(sm, s, 264, {"mla_chunk": ct}) == dataclasses.replace(sm, CT=ct)
+    for bad in (8, 64, True, "32"):
+        with pytest.raises(ValueError, match=r"mla_chunk .* is not 16 or 32 tokens a chunk"):
+            _with_knobs(sm, s, 264, {"mla_chunk": bad})
+    with pytest.raises(ValueError, match=r"mla_chunk and mla_hold each set the MLA stage's chunk"):
+        _with_knobs(sm, s, 264, {"mla_chunk": 32, "mla_hold": 32})
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"mla_chunk is not resource-checked on gfx950"):
+        _with_knobs(hip, s, 264, {"mla_chunk": 32}, hip=True)
+
+
 def test_topk_row_absorb_moves_the_absorption_with_topk_row_on_sm90():
     """topk_row_absorb sets Plan.TKA beside topk_row; without topk_row or on gfx950 refused."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options

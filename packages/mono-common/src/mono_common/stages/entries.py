@@ -11,6 +11,8 @@ instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm
                  column tiles summed into slot 0 by their last span, `gemv.span_fixup`)
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write; 6
                  one program a row of at most SHORT tokens, `topk_rows_one`)
+  topk_spread_entry  one stage of the spread form (STAGE 0 radix pass 0 and the fine histograms,
+                 1 `topk_spread_threshold`, 2 `topk_spread_write`)
   topk_first_entry  the first radix pass as a producer of the scores runs it (TB scores a tile)
   routing_entry  `stages.routing.biased_topk` of logits [W, E] -> weights [W, E], used [E]
                  (LIVE: only the rows whose live [W] int32 is nonzero route)
@@ -42,7 +44,10 @@ from mono_common.stages.topk import (
     topk_count,
     topk_hist,
     topk_hist_first,
+    topk_hist_spread,
     topk_rows_one,
+    topk_spread_threshold,
+    topk_spread_write,
     topk_write,
 )
 
@@ -135,6 +140,21 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
     else:
         topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck, W, TOPK, True,
                    SHORT, ONCE)
+
+
+@triton.jit
+def topk_spread_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W: tl.constexpr,
+                      TOPK: tl.constexpr, STAGE: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
+    # the spread form's stages (rows of at most SHORT tokens, RK keys a tile): STAGE 0 radix pass
+    # 0 and the fine histograms (tkh, tkf zero before), 1 the threshold, 2 the write
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if STAGE == 0:
+        topk_hist_spread(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W, TOPK)
+    elif STAGE == 1:
+        topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W, TOPK, SHORT, RK)
+    else:
+        topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, topk_ptr, W, TOPK, SHORT, RK)
 
 
 @triton.jit

@@ -8,7 +8,11 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
       zero across graph replays); the result of every set lands in topk [W, TOPK]. ROW > 0 (a
       power of two, every row at most ROW tokens): each set's whole top-k by one program a row
       (`topk.topk_rows_one`) and one hand-off, no histograms; with HIST, radix pass 0 and a
-      hand-off first, its histogram seeding the rows' search (`topk.topk_row` HIST)
+      hand-off first, its histogram seeding the rows' search (`topk.topk_row` HIST). SPREAD > 0
+      (a power of two, every row at most SPREAD tokens): radix pass 0 with the fine histograms
+      (tkc_ptr holds them then: [2, W, topk.TKS_FINE] int32, zeroed as tkh), then the spread
+      form's threshold and write (`topk.topk_spread_threshold` / `topk_spread_write`, RK keys a
+      tile), a hand-off after each
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
@@ -31,13 +35,25 @@ import triton.language as tl
 from mono_common.stages.entries import grid_handoff
 from mono_common.stages.handoff import grid_handoff_flag, grid_handoff_spin, grid_handoff_split
 from mono_common.stages.mla import mla_combine, mla_partial
-from mono_common.stages.topk import TKH_ROW, topk_count, topk_hist, topk_rows_one, topk_write
+from mono_common.stages.topk import (
+    TKH_ROW,
+    TKS_FINE,
+    topk_count,
+    topk_hist,
+    topk_hist_spread,
+    topk_rows_one,
+    topk_spread_threshold,
+    topk_spread_write,
+    topk_spread_zero,
+    topk_write,
+)
 
 
 @triton.jit
 def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
                       nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                      ROW: tl.constexpr = 0, HIST: tl.constexpr = False):
+                      ROW: tl.constexpr = 0, HIST: tl.constexpr = False, SPREAD: tl.constexpr = 0,
+                      RK: tl.constexpr = 16):
     # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -56,7 +72,16 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
             nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
             for r in range(pid, W, nprog):
                 tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
-            if ROW > 0:
+            if SPREAD > 0:
+                fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
+                topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
+                topk_hist_spread(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK)
+                grid_handoff(bar_ptr, (3 * li + 1) * nprog)
+                topk_spread_threshold(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK, SPREAD, RK)
+                grid_handoff(bar_ptr, (3 * li + 2) * nprog)
+                topk_spread_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, topk_ptr, W, TOPK, SPREAD, RK)
+                grid_handoff(bar_ptr, (3 * li + 3) * nprog)
+            elif ROW > 0:
                 topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, 0)
                 grid_handoff(bar_ptr, (2 * li + 1) * nprog)
                 topk_rows_one(pid, nprog, sl, stride_sc, seqlen_ptr, topk_ptr, W, TOPK, ROW, hb, True)

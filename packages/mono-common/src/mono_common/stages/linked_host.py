@@ -34,26 +34,34 @@ class TopkBuffers:
     topk: object  # [W, k] int32
     bar: object  # [2] int32
     nck: int
+    tkf: object = None  # [2, W, topk.TKS_FINE] int32, zero at allocation: the spread form's fine histograms
 
 
-def topk_buffers(rows: int, n: int, k: int, device) -> TopkBuffers:
+def topk_buffers(rows: int, n: int, k: int, device, spread: bool = False) -> TopkBuffers:
+    """spread: with the spread form's fine histograms (`launch_topk_linked` spread)."""
     import torch
 
-    from mono_common.stages.topk import TKC, TKH_ROW
+    from mono_common.stages.topk import TKC, TKH_ROW, TKS_FINE
 
     nck = -(-n // TKC.value)
     z = dict(dtype=torch.int32, device=device)
     return TopkBuffers(torch.zeros(2, rows, TKH_ROW.value, **z), torch.zeros(rows, nck, 2, **z),
-                       torch.full((rows, k), -1, **z), torch.zeros(2, **z), nck)
+                       torch.full((rows, k), -1, **z), torch.zeros(2, **z), nck,
+                       torch.zeros(2, rows, TKS_FINE.value, **z) if spread else None)
 
 
-def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0, hist: bool = False):
+def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0, hist: bool = False,
+                       spread: int = 0):
     """One launch over the L = scores.shape[0] score sets [L, W, >= n]; bufs.topk ends as the
     last set's top-k. An odd L leaves one tkh slice dirty: the next launch on bufs would read it.
     row > 0 (a power of two at least the sets' row length): one program a row
     (`topk.topk_rows_one`) and one hand-off a set, the histograms untouched; with hist, radix pass 0
-    and a hand-off first, its histograms seeding the rows' search (`topk.topk_row` HIST)."""
+    and a hand-off first, its histograms seeding the rows' search (`topk.topk_row` HIST).
+    spread > 0 (a power of two at least the rows' length): radix pass 0 with the fine histograms
+    (bufs made with spread), then the spread form's two stages (`topk.topk_spread_threshold` /
+    `topk_spread_write`), three hand-offs a set."""
     from mono_common.stages.linked_entries import topk_linked_entry
+    from mono_common.stages.topk import spread_keys
 
     L, W, n = scores.shape
     if scores.stride(2) != 1 or tuple(bufs.topk.shape) != (W, bufs.topk.shape[1]):
@@ -62,18 +70,24 @@ def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int =
         raise ValueError(f"row {row} must be a power of two of at least the rows' {n} keys")
     if hist and not row:
         raise ValueError("hist seeds the one-program-a-row search: give row (a power of two) with it")
+    if spread and (spread & (spread - 1) or n > spread or row):
+        raise ValueError(f"spread {spread} must be a power of two of at least the rows' {n} keys, without row")
+    if spread and bufs.tkf is None:
+        raise ValueError("spread needs the fine histograms: make the buffers with topk_buffers(..., spread=True)")
     bufs.bar.zero_()
-    topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkc, bufs.topk, bufs.bar, L,
+    topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkf if spread else bufs.tkc, bufs.topk, bufs.bar, L,
                                 stride_sc=scores.stride(1), nck=bufs.nck, sc_lstride=scores.stride(0), W=W,
-                                TOPK=bufs.topk.shape[1], ROW=row, HIST=hist, **_coop(scores.device))
+                                TOPK=bufs.topk.shape[1], ROW=row, HIST=hist, SPREAD=spread,
+                                RK=spread_keys(W, spread, nprog) if spread else 16, **_coop(scores.device))
     return bufs.topk
 
 
-def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, hist: bool = False):
+def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, hist: bool = False, spread: int = 0):
     """[W, k] int32: the top-k of scores [W, n] as one launch of the six linked stages (row > 0:
-    of one program a row, `launch_topk_linked`; hist: seeded by radix pass 0)."""
-    bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device)
-    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, hist).clone()
+    of one program a row, `launch_topk_linked`; hist: seeded by radix pass 0; spread > 0: the
+    spread form)."""
+    bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device, spread=bool(spread))
+    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, hist, spread).clone()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 
 def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
-             once: bool = False, row: int = 0, row_hist: bool = False):
+             once: bool = False, row: int = 0, row_hist: bool = False, spread: int = 0, rk: int = 0):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
@@ -21,7 +21,10 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     tiles a contiguous run, a row's threshold digits derived once a run (`topk` ONCE; not
     with rt). row > 0 (a power of two): where no row has more than that many tokens, one
     launch of one program a row (`topk.topk_rows_one`) instead of the six stages; row_hist: its
-    search seeded by radix pass 0's histograms, that pass launched first (`topk_row` HIST)."""
+    search seeded by radix pass 0's histograms, that pass launched first (`topk_row` HIST).
+    spread > 0 (a power of two): where no row has more than that many tokens, radix pass 0 with
+    the fine histograms, then the spread form's two stages (`topk.topk_spread_threshold` /
+    `topk_spread_write`, rk keys a tile: `topk.spread_keys` when 0) instead of the six."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -32,6 +35,16 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     tkh = torch.zeros(W, TKH_ROW.value, dtype=torch.int32, device=scores.device)
     tkc = torch.zeros(W, nck, 2, dtype=torch.int32, device=scores.device)
     topk = torch.full((W, k), -1, dtype=torch.int32, device=scores.device)
+    if spread and int(seqlen.max()) <= spread:
+        from mono_common.stages.entries import topk_spread_entry
+        from mono_common.stages.topk import TKS_FINE, spread_keys
+
+        rk = rk or spread_keys(W, spread, nprog)
+        tkf = torch.zeros(W, TKS_FINE.value, dtype=torch.int32, device=scores.device)
+        for stage in range(3):
+            topk_spread_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkf, topk, W=W, TOPK=k, STAGE=stage,
+                                        SHORT=spread, RK=rk)
+        return topk
     if row and int(seqlen.max()) <= row:
         if row_hist and first_tile:
             topk_first_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, W=W, TOPK=k, TB=first_tile)

@@ -21,6 +21,10 @@ stage instead of six and their hand-offs, the same integers. With the row's hist
 (HIST: pass 0 ran in the scores' producer, `topk_hist_first`) the top digit comes from it, the
 keys of that digit are packed into the row's free bins 256.. (at most CAND of them, else the
 search runs over the whole row) and the 12 remaining steps reduce CAND keys, not SHORT.
+SPREAD (`topk_spread_threshold`, `topk_spread_write`: rows of at most SHORT tokens): with pass 0
+and a fine histogram of the keys' top 16 bits added by the scores' producer (`topk_hist_fine`),
+the tiles holding keys of the threshold's top 16 bits find it by counting, the row read once,
+and every tile then places its keys: two stages on every program, the same integers.
 References: SGLang's indexer top-k (mono_glm53.reference.indexer_topk picks the same set).
 """
 
@@ -508,3 +512,168 @@ def topk_rows_one(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, topk_ptr, W: tl
     histograms 0 at tkh [rows, TKH_ROW] are complete (`topk_row`)."""
     for m in range(nprog - 1 - pid, W, nprog):
         topk_row(scores_ptr, stride_sc, m, tl.load(seqlen_ptr + m), topk_ptr, TOPK, SHORT, tkh_ptr, HIST)
+
+
+# The spread form's words at the end of a row's histograms (passes 1-3's bins are unused where
+# pass 0 seeds the spread form): the threshold (okey32) and the row's keys above it
+TKS_WORD = tl.constexpr(TKH_ROW - 1)
+TKS_ABOVE = tl.constexpr(TKH_ROW - 2)
+# The spread form's fine histogram: a row's keys by their top 16 bits (okey's), 65536 bins a row,
+# added by the scores' producer beside histogram 0 (`topk_hist_fine`)
+TKS_FINE = tl.constexpr(65536)
+# okey32's least value: the spread stages' stand-in for a key that does not count
+KEY_NONE = tl.constexpr(-2147483648)
+
+
+def spread_keys(W: int, short: int, nprog: int) -> int:
+    """The spread form's keys a tile (host-side): the W rows of `short` keys in about one tile a
+    program, a power of two in 16..128 (a tile's write scans its row once, so fewer, longer
+    tiles; a tile's threshold candidates run one at a time, so not too long)."""
+    per = -(-W * short // max(1, nprog))
+    rk = 16
+    while rk < per and rk < 128:
+        rk *= 2
+    return rk
+
+
+@triton.jit
+def _fine_bin(k):
+    """okey32 keys' top 16 bits in okey's (unsigned) order: their fine histogram bin."""
+    return ((k >> 16) & 0xFFFF) ^ 0x8000
+
+
+@triton.jit
+def topk_hist_fine(tkf_ptr, m, x, valid, n, TOPK: tl.constexpr):
+    """The spread form's fine histogram of row m (`TKS_FINE` bins a row at tkf) over scores x as
+    their producer writes them (valid: the row's tokens; n its token count), beside histogram 0
+    (`topk_hist_first`): one atomic a key, rows of n <= TOPK count nothing. Zero before any
+    producer adds (`topk_spread_zero`, a hand-off or more before)."""
+    if n > TOPK:
+        tl.atomic_add(tkf_ptr + m * TKS_FINE + _fine_bin(okey32(x)), tl.full(x.shape, 1, tl.int32), mask=valid,
+                      sem="relaxed")
+
+
+@triton.jit
+def topk_spread_zero(pid, nprog, tkf_ptr, W: tl.constexpr):
+    """The W rows' fine histograms set to zero, 1024 bins a program step over every program."""
+    z = tl.zeros([1024], tl.int32)
+    for c in range(pid, W * (TKS_FINE // 1024), nprog):
+        tl.store(tkf_ptr + c * 1024 + tl.arange(0, 1024), z)
+
+
+@triton.jit
+def topk_hist_spread(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W: tl.constexpr,
+                     TOPK: tl.constexpr):
+    """Radix pass 0 and the fine histogram of every row of more than TOPK tokens, one TKC-key
+    chunk a tile: what the layer's index scores add as they write the scores, as a stage of its
+    own (the standalone spread form)."""
+    rows, ns = tk_rows(seqlen_ptr, W)
+    cnt = tl.where(ns > TOPK, (ns + TKC - 1) // TKC, 0)
+    first, total = tk_tiles(rows, cnt)
+    for t in range(pid, total, nprog):
+        m, c, n = tk_locate(t, rows, ns, first, cnt)
+        j = c * TKC + tl.arange(0, TKC)
+        x = tl.load(scores_ptr + m * stride_sc + j, mask=j < n, other=0.0)
+        topk_hist_first(tkh_ptr, m, x, j < n, n, TOPK)
+        topk_hist_fine(tkf_ptr, m, x, j < n, n, TOPK)
+
+
+@triton.jit
+def _spread_tiles(seqlen_ptr, W: tl.constexpr, TOPK: tl.constexpr, RK: tl.constexpr, SHORT_TOO: tl.constexpr):
+    """The spread stages' tiles, RK keys of one row each, numbered row after row: the rows of
+    more than TOPK tokens (and, SHORT_TOO, a row of at most TOPK tokens as its TOPK slots):
+    (rows, ns, first, cnt, total)."""
+    rows, ns = tk_rows(seqlen_ptr, W)
+    long = (ns + RK - 1) // RK
+    if SHORT_TOO:
+        cnt = tl.where(rows < W, tl.where(ns > TOPK, long, (TOPK + RK - 1) // RK), 0)
+    else:
+        cnt = tl.where(ns > TOPK, long, 0)
+    first, total = tk_tiles(rows, cnt)
+    return rows, ns, first, cnt, total
+
+
+@triton.jit
+def topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W: tl.constexpr,
+                          TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
+    """The spread form's first stage (`topk_spread` form: rows of at most SHORT tokens, radix
+    pass 0's histograms at tkh and the fine histograms at tkf complete): every long row's
+    threshold key, found by the tiles that hold its candidates. Histogram 0 gives the
+    threshold's top 8 bits b and the keys still to place below them; the 256 fine bins of b give
+    its top 16 bits p, the c keys of p and `need`, the keys still to place among them. A tile's
+    keys of p are the candidates (a row of 4096 random index scores: tens, where p's top 8 bits
+    alone hold about half the row); each counts the row's keys of p above and below it, the row
+    read once into registers (the others as KEY_NONE, the least key): the candidate with fewer
+    than `need` above and at least `need` at least it is the threshold. Its okey32 goes to the
+    row's TKS_WORD and the row's keys above it to TKS_ABOVE (ties store the same values). A row
+    of equal keys makes every key a candidate, one at a time."""
+    tl.static_assert(SHORT < 65536, "the spread threshold packs counts of at most SHORT in 16 bits")
+    rows, ns, first, cnt, total = _spread_tiles(seqlen_ptr, W, TOPK, RK, False)
+    j0 = tl.arange(0, RK)
+    i = tl.arange(0, SHORT)
+    for t in range(pid, total, nprog):
+        m, c, n = tk_locate(t, rows, ns, first, cnt)
+        hb = tkh_ptr + m * TKH_ROW
+        b, need, _ = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
+        b1, need, cp = _hist_digit(tl.load(tkf_ptr + m * TKS_FINE + b * 256 + tl.arange(0, 256)), need)
+        p = b * 256 + b1
+        row_ptr = scores_ptr + m * stride_sc
+        j = c * RK + j0
+        mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
+        left = (j < n) & (_fine_bin(mk) == p)
+        if tl.sum(left.to(tl.int32), 0) > 0:
+            k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
+            k = tl.where((i < n) & (_fine_bin(k) == p), k, KEY_NONE)
+            while tl.sum(left.to(tl.int32), 0) > 0:
+                r = tl.min(tl.where(left, j0, RK), 0)
+                kr = tl.sum(tl.where(j0 == r, mk, 0), 0)
+                s = tl.sum((k > kr).to(tl.int32) + ((k < kr).to(tl.int32) << 16), 0)
+                above = s & 0xFFFF
+                # less the SHORT - cp stand-ins: all below kr unless kr is KEY_NONE itself, the
+                # least key, which then has none below it and the test passes either way
+                below = (s >> 16) - (SHORT - cp)
+                if (above < need) & (cp - below >= need):
+                    tl.store(hb + TKS_WORD, kr)
+                    tl.store(hb + TKS_ABOVE, TOPK - need + above)
+                left = left & (j0 != r)
+
+
+@triton.jit
+def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, topk_ptr, W: tl.constexpr,
+                      TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
+    """The spread form's second stage: every row's top-TOPK placed as `topk_write` places it
+    (the keys above the threshold in index order, then its ties in index order until TOPK; a
+    row of n <= TOPK tokens takes 0..n-1 and -1 after), RK keys a tile. A tile of a long row
+    reads the threshold and the keys above it (`topk_spread_threshold`) and the row's keys
+    before the tile once (the others as KEY_NONE): one sum counts those above the threshold and
+    equal to it; the tile's own slots come from a scan of its RK keys, not of the row."""
+    tl.static_assert(SHORT < 65536, "the spread write packs counts of at most SHORT in 16 bits")
+    rows, ns, first, cnt, total = _spread_tiles(seqlen_ptr, W, TOPK, RK, True)
+    j0 = tl.arange(0, RK)
+    i = tl.arange(0, SHORT)
+    for t in range(pid, total, nprog):
+        m, c, n = tk_locate(t, rows, ns, first, cnt)
+        c0 = c * RK
+        j = c0 + j0
+        out = topk_ptr + m * TOPK
+        if n <= TOPK:
+            tl.store(out + j, tl.where(j < n, j, -1), mask=j < TOPK)
+        else:
+            hb = tkh_ptr + m * TKH_ROW
+            thr = tl.load(hb + TKS_WORD)
+            ngt = tl.load(hb + TKS_ABOVE)
+            row_ptr = scores_ptr + m * stride_sc
+            k = tl.where(i < c0, okey32(tl.load(row_ptr + i, mask=i < c0, other=0.0)), KEY_NONE)
+            s = tl.sum((k > thr).to(tl.int32) + ((k == thr).to(tl.int32) << 16), 0)
+            gtb = s & 0xFFFF
+            # the SHORT - c0 stand-ins equal thr only when thr is KEY_NONE itself
+            eqb = (s >> 16) - tl.where(thr == KEY_NONE, SHORT - c0, 0)
+            inj = j < n
+            mk = okey32(tl.load(row_ptr + j, mask=inj, other=0.0))
+            # fewer than TOPK keys exceed thr; the masks keep a wrong thr inside the row
+            si = ((mk > thr) & inj).to(tl.int32)
+            slot = gtb + tl.cumsum(si, 0) - si
+            tl.store(out + slot, j, mask=(si != 0) & (slot < TOPK))
+            si = ((mk == thr) & inj).to(tl.int32)
+            slot = ngt + eqb + tl.cumsum(si, 0) - si
+            tl.store(out + slot, j, mask=(si != 0) & (slot < TOPK))

@@ -211,6 +211,11 @@ class Plan:
     # row (mono_common.stages.topk.topk_rows_one), hand-offs 8-11 only signalled (`topk_row`, a
     # knob; 0: the radix stages every step)
     TKR: int = 0
+    # a step whose rows all have at most TKS tokens: the top-k in stages 7 and 8 on every
+    # program, RKS keys a tile (mono_common.stages.topk.topk_spread_threshold, then
+    # topk_spread_write), hand-offs 9-11 only signalled (`topk_spread`, a knob; 0: not)
+    TKS: int = 0
+    RKS: int = 16
     # a row top-k step's absorption and q_pe RoPE tiles beside the row top-k in stage 7, stage 4
     # the index tiles alone (`topk_row_absorb`, a knob)
     TKA: bool = False
@@ -423,6 +428,12 @@ KNOBS = {
                 "us against 158.0, the row stage 22.8 us against the radix stages' 23.0; unchunked ~34.4). "
                 "Before: 166.3 -> 206.4 us (the unrolled search, row top-k ~60 us); the looped search "
                 "157.5 -> 161.4, row top-k ~28 us (session 31-33)",
+    "topk_spread": "Plan.TKS, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
+                   "true: 4096) taking its top-k in two stages on every program, its other three top-k hand-offs "
+                   "only signalled (sm_90, with the first radix pass in the index scores): the tiles holding keys "
+                   "of the threshold's top digit (from that pass's histogram) count the row's keys of that digit "
+                   "above each of them, which finds the threshold; then every tile places its keys after the "
+                   "row's earlier keys, counted in one sum: the same entries as the radix stages",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
@@ -440,6 +451,11 @@ KNOBS = {
                 "dot may round otherwise: the bits of a build of its own, near the reference as the default's): slower "
                 "in the layer (H100, served TP8 shard, ctx 4096: 157.9 -> 170.1 us at 1 row with 32 tokens, the "
                 "combine summing 64 chunks 3.4 -> 5.8 us and the MLA stage 11.0 -> 15.3 us), though faster alone",
+    "mla_chunk": "Plan.CT, the MLA stage's chunks of this many selected tokens (16 or 32) streamed as the "
+                 "default's 64 are, so 2 or 4 times the tiles over the programs (a TP8 rank at 1 row: 32 tiles of "
+                 "64 on 264 programs), the combine summing 2 or 4 times the chunks (sm_90; the sums over other "
+                 "chunks: the bits of a build of its own, near the reference as the default's; best with "
+                 "mlacomb_vec, whose combine's code does not grow with the chunks)",
     "norm_in_router": "Plan.NIR, the post-attention norm in the router's programs: each derives the rows' rstd "
                       "(a whole-row tile, as the norm stage's) and the h2 it reads, the (row, block) items write "
                       "res_out and h2; the norm stage is the all-reduce alone and hand-off 17 goes (sm_90; turns "
@@ -684,6 +700,16 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           f"top-k {s.index_topk}")
         else:
             change.update(HOLD=True, CT=int(ct))
+    if k.get("mla_chunk"):
+        ct = k["mla_chunk"]
+        if hip:
+            errors.append("mla_chunk is not resource-checked on gfx950: build without it")
+        elif k.get("mla_hold"):
+            errors.append("mla_chunk and mla_hold each set the MLA stage's chunk: name one of them")
+        elif isinstance(ct, bool) or ct not in (16, 32) or s.index_topk % ct:
+            errors.append(f"mla_chunk {ct!r} is not 16 or 32 tokens a chunk dividing the top-k {s.index_topk}")
+        else:
+            change["CT"] = int(ct)
     if k.get("count_in_write"):
         v = _row_tokens("count_in_write", k["count_in_write"], 16, 8192, errors)
         if hip:
@@ -805,6 +831,21 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "build it without hist_in_scores false and without radix_loop")
         elif v:
             change["TKR"] = v
+    if k.get("topk_spread"):
+        from mono_common.stages.topk import spread_keys
+
+        v = _row_tokens("topk_spread", k["topk_spread"], 256, 4096, errors)
+        if hip:
+            errors.append("topk_spread is not resource-checked on gfx950: build without it")
+        elif not plan.INDEXER:
+            errors.append("topk_spread needs the indexer (a layer without one has no top-k)")
+        elif k.get("topk_row"):
+            errors.append("topk_row and topk_spread each take a short step's top-k: name one of them")
+        elif not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
+            errors.append("topk_spread takes the first radix pass in the index scores and the unrolled passes: "
+                          "build it without hist_in_scores false and without radix_loop")
+        elif v:
+            change.update(TKS=v, RKS=spread_keys(plan.W, v, nprog))
     if k.get("topk_row_absorb"):
         if hip:
             errors.append("topk_row_absorb is sm_90's (it comes with topk_row): build without it")
@@ -1107,6 +1148,10 @@ class GlmLayerKernel:
 
         self.tkh = z(W, TKH_ROW.value, dtype=i32)
         self.tkc = z(W, _cdiv(self.max_seq_len, TKC.value), 2, dtype=i32)
+        # the spread top-k's fine histograms (Plan.TKS): a row's keys by their top 16 bits
+        from mono_common.stages.topk import TKS_FINE
+
+        self.tkf = z(W, TKS_FINE.value, dtype=i32) if p.TKS else z(16, dtype=i32)
         self.part = z(W, p.NH, nch, p.KVL)
         self.ml = z(W, p.NH, nch, 2)
         self.attn = z(W, p.NH, p.KVL, dtype=bf16)
@@ -1323,7 +1368,7 @@ class GlmLayerKernel:
             w["self_attn.indexer.k_norm.weight"], w["self_attn.indexer.k_norm.bias"],
             self.out, self.res_out, self.topk,
             self.resid1, self.hn, self.hnq, self.hns, self.qkva, self.ikw, self.qn, self.qnq, self.qns, self.rope, self.iwraw, self.qb, self.iq,
-            self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.part, self.ml,
+            self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.tkf, self.part, self.ml,
             self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
             self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,
             self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,

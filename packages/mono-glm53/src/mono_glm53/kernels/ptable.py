@@ -75,6 +75,7 @@ SLOTS = (
     ("scores", "fp32"),
     ("tkh", "i32"),
     ("tkc", "i32"),
+    ("tkfine", "i32"),
     ("part", "fp32"),
     ("ml", "fp32"),
     ("attn", "bf16"),

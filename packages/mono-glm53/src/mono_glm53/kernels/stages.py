@@ -28,7 +28,9 @@ Stage list (index: what it does; who reads its output):
   11 TKWRITE   per chunk: its keys' slots after the earlier chunks' counts -> topk
                (Plan.TKR, a knob: a step whose rows are all short takes its whole top-k in
                stage 7, one program a row; hand-offs 8-11 only signal; Plan.TKA with it: stage
-               4's absorption and q_pe RoPE tiles run in stage 7 on the programs without a row)
+               4's absorption and q_pe RoPE tiles run in stage 7 on the programs without a row.
+               Plan.TKS, a knob: such a step's threshold in stage 7 and its write in stage 8, on
+               every program; hand-offs 9-11 only signal)
   12 MLA       sparse MLA over the selected tokens, split over token chunks: each chunk's
                unnormalised output and (max, sum) per (row, head)
   13 MLACOMB   the chunks combined in chunk order, per (row, head, 64-column block) -> attn
@@ -117,9 +119,13 @@ from mono_common.stages.topk import tk_rows as _tk_rows
 from mono_common.stages.topk import tk_tiles as _tk_tiles
 from mono_common.stages.topk import topk_count as stage_tkcount
 from mono_common.stages.topk import topk_hist as stage_tkhist
+from mono_common.stages.topk import topk_hist_fine as _topk_hist_fine
 from mono_common.stages.topk import topk_hist_first as _topk_hist_first
 from mono_common.stages.topk import topk_rows_one as _topk_rows_one
 from mono_common.stages.topk import topk_rows_short as _tk_rows_short
+from mono_common.stages.topk import topk_spread_threshold as _topk_spread_threshold
+from mono_common.stages.topk import topk_spread_write as _topk_spread_write
+from mono_common.stages.topk import topk_spread_zero as _topk_spread_zero
 from mono_common.stages.topk import topk_write as stage_tkwrite
 from mono_glm53.kernels import ptable as P
 
@@ -509,7 +515,7 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False):
+             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
     # holds the quantised values and qns_ptr their scales (stage_latent's)
     gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
@@ -521,6 +527,9 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
             # the top-k histograms zeroed here, not by the index scores, which add to them
             # (Plan.TKF), dealt from the last program down
             _zero_tkh(nprog - 1 - pid, nprog, tkh_ptr, W)
+        if tkf_ptr is not None:
+            # and the spread top-k's fine histograms (Plan.TKS), which the index scores add to
+            _topk_spread_zero(pid, nprog, tkf_ptr, W)
 
 
 @triton.jit
@@ -689,7 +698,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False,
                  TOPK: tl.constexpr = 0, TKF: tl.constexpr = False, IF16: tl.constexpr = False,
-                 ISP: tl.constexpr = False, PF: tl.constexpr = False):
+                 ISP: tl.constexpr = False, PF: tl.constexpr = False, tkf_ptr=None):
     # ISP (Plan.ISP, a measurement knob): the page-table entries read two tiles ahead, and the
     # next tile's keys and scales requested into the L2 (PF: sm_90's prefetch; without it only
     # the lookahead runs) while this tile computes, so a tile's keys come from the L2, not the
@@ -740,7 +749,11 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
             logit = tl.sum(tl.maximum(s, 0.0) * wt[:, None], 0) * ks
             tl.store(scores_ptr + m * stride_sc + ti, logit, mask=tv)
             if TKF:
-                _topk_hist_first(tkh_ptr, m, logit, tv, tl.sum(tl.where(rows == m, ns, 0), 0), TOPK)
+                nm = tl.sum(tl.where(rows == m, ns, 0), 0)
+                _topk_hist_first(tkh_ptr, m, logit, tv, nm, TOPK)
+                if tkf_ptr is not None:
+                    # the spread top-k's fine histogram beside it (Plan.TKS)
+                    _topk_hist_fine(tkf_ptr, m, logit, tv, nm, TOPK)
             m = m1
             ti = ti1
             tv = tv1
@@ -1535,6 +1548,39 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
 
 
 @triton.jit
+def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
+                     R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
+                     TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr):
+    """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS):
+    stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
+    zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
+    the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8 waits for the thresholds and
+    places every row's keys (`topk_spread_write`); hand-offs 9-11 only signal: hand-off 12
+    orders the writes before the MLA as it does after the radix stages' write."""
+    i32 = tl.int32
+    if FIRST <= 6 and LAST >= 6:
+        if ok:
+            ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
+    if FIRST <= 7 and LAST >= 7:
+        if ok:
+            ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
+        if ok:
+            _topk_spread_threshold(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                                   _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKFINE, i32), W, TOPK, TKS, RKS)
+    if FIRST <= 8 and LAST >= 8:
+        if ok:
+            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R, CLOCK, FAULT, 0, SYC)
+        if ok:
+            _topk_spread_write(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                               _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TOPK, i32), W, TOPK, TKS, RKS)
+    for s in tl.static_range(9, 12):
+        if FIRST <= s and LAST >= s:
+            if ok:
+                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
+    return ok
+
+
+@triton.jit
 def _tkrow_signals(row, ok, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                    CLOCK: tl.constexpr):
     """Hand-offs 8-11 of a row top-k step, signalled only (`_tkrow_stages`)."""
@@ -1638,6 +1684,10 @@ def layer_kernel(
     # a step whose rows all have at most TKR tokens takes its whole top-k in stage 7, one
     # program a row, and only signals hand-offs 8-11 (Plan.TKR, a measurement knob; 0: never)
     TKR: tl.constexpr = 0,
+    # a step whose rows all have at most TKS tokens takes its top-k in stages 7 and 8 on every
+    # program, RKS keys a tile, and only signals hand-offs 9-11 (Plan.TKS, a measurement knob)
+    TKS: tl.constexpr = 0,
+    RKS: tl.constexpr = 16,
     # a row top-k step's absorption and q_pe RoPE tiles in stage 7 beside the row top-k, by the
     # programs without a row, stage 4 the index tiles alone (Plan.TKA, a measurement knob with TKR)
     TKA: tl.constexpr = False,
@@ -1740,7 +1790,7 @@ def layer_kernel(
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.TKH, i32) if TKF else None, TKF)
+                     _p(row, P.TKH, i32) if TKF else None, TKF, _p(row, P.TKFINE, i32) if TKS > 0 else None)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1764,7 +1814,8 @@ def layer_kernel(
             stage_iscore(pid, nprog, _p(row, P.IQ8, f32), _p(row, P.IWT, f32), _p(row, P.IDX_CACHE, u8),
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
-                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF)
+                         W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF,
+                         _p(row, P.TKFINE, i32) if TKS > 0 else None)
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ_LATE) != 0:
         # the same ~20 MB after this program's index-score tiles instead: not queued while
         # absorb's last programs still load (session 28: absorb 8.4 -> 11.6 us at 1 row with
@@ -1791,8 +1842,15 @@ def layer_kernel(
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
+    elif TKS > 0 and INDEXER:
+        if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKS):
+            ok = _tkspread_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKS, RKS,
+                                  SY)
+        else:
+            ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
+                              TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     else:
-        # a build without TKR compiles no row path: the condition above is a runtime value, and
+        # a build without TKR or TKS compiles no short-step path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                           TKF, TKL, TKW, TKP, PADS, PADKB, SY)
