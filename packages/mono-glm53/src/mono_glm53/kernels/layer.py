@@ -433,7 +433,12 @@ KNOBS = {
                    "only signalled (sm_90, with the first radix pass in the index scores): the tiles holding keys "
                    "of the threshold's top digit (from that pass's histogram) count the row's keys of that digit "
                    "above each of them, which finds the threshold; then every tile places its keys after the "
-                   "row's earlier keys, counted in one sum: the same entries as the radix stages",
+                   "row's earlier keys, counted in one sum: the same entries as the radix stages. The "
+                   "candidates are the keys of the threshold's top 16 bits, from a fine histogram the index "
+                   "scores add beside the first pass's (3 of 4096 keys in the bench's case, CPU reference); "
+                   "with the top 8 bits (1115 keys there) the layer was slower: H100, served TP8 shard, ctx "
+                   "4096, session 36: 161.0 / 336.2 us against 157.5 / 282.2, the threshold stage 19.2 / 75.6 "
+                   "us. The fine form is not yet timed",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
@@ -455,7 +460,9 @@ KNOBS = {
                  "default's 64 are, so 2 or 4 times the tiles over the programs (a TP8 rank at 1 row: 32 tiles of "
                  "64 on 264 programs), the combine summing 2 or 4 times the chunks (sm_90; the sums over other "
                  "chunks: the bits of a build of its own, near the reference as the default's; best with "
-                 "mlacomb_vec, whose combine's code does not grow with the chunks)",
+                 "mlacomb_vec, whose combine's code does not grow with the chunks). H100, served TP8 shard, "
+                 "ctx 4096, with mlacomb_vec, session 36: 32 tokens 156.5 / 288.2 us, 16 tokens 155.3 / 305.3, "
+                 "against 157.5 / 282.2 (mla 11.0 -> 8.9 / 8.1 us at 1 row, 15.2 -> 19.7 / 30.9 at 8)",
     "norm_in_router": "Plan.NIR, the post-attention norm in the router's programs: each derives the rows' rstd "
                       "(a whole-row tile, as the norm stage's) and the h2 it reads, the (row, block) items write "
                       "res_out and h2; the norm stage is the all-reduce alone and hand-off 17 goes (sm_90; turns "

@@ -1534,16 +1534,26 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
     scores and gives each row's whole top-k to one program (`topk_rows_one`), its search seeded
     by that pass's histogram (HIST); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-
     off 12 orders the rows' writes before the MLA as hand-off 8 would have."""
+    ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SYC)
+    if FIRST <= 7 and LAST >= 7:
+        if ok:
+            _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR,
+                           _p(row, P.TKH, tl.int32), True)
+    return ok
+
+
+@triton.jit
+def _tk_short_entry(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
+                    R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYC: tl.constexpr):
+    """Hand-offs 6 and 7 in FIRST..LAST of a short step's top-k (Plan.TKR or TKS): 6 folded (the
+    first radix pass ran in the index scores), 7 waits for the scores."""
     if FIRST <= 6 and LAST >= 6:
         if ok:
             ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
     if FIRST <= 7 and LAST >= 7:
         if ok:
             ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
-        if ok:
-            _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                           _p(row, P.SEQLEN, tl.int32), _p(row, P.TOPK, tl.int32), W, TOPK, TKR,
-                           _p(row, P.TKH, tl.int32), True)
     return ok
 
 
@@ -1554,16 +1564,12 @@ def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.c
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS):
     stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
     zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
-    the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8 waits for the thresholds and
-    places every row's keys (`topk_spread_write`); hand-offs 9-11 only signal: hand-off 12
-    orders the writes before the MLA as it does after the radix stages' write."""
+    the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8
+    waits for the thresholds and places every row's keys (`topk_spread_write`); hand-offs 9-11
+    only signal: hand-off 12 orders the writes before the MLA as after the radix stages'."""
     i32 = tl.int32
-    if FIRST <= 6 and LAST >= 6:
-        if ok:
-            ok = _skip(row, 6, pid, FUSED and FIRST < 6, CLOCK)
+    ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SYC)
     if FIRST <= 7 and LAST >= 7:
-        if ok:
-            ok = _sync(row, 7, epoch, nprog, pid, FUSED and FIRST < 7, R, CLOCK, FAULT, 0, SYC)
         if ok:
             _topk_spread_threshold(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                                    _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKFINE, i32), W, TOPK, TKS, RKS)
@@ -1573,18 +1579,15 @@ def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.c
         if ok:
             _topk_spread_write(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
                                _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TOPK, i32), W, TOPK, TKS, RKS)
-    for s in tl.static_range(9, 12):
-        if FIRST <= s and LAST >= s:
-            if ok:
-                ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
-    return ok
+    return _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK, 9)
 
 
 @triton.jit
 def _tkrow_signals(row, ok, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
-                   CLOCK: tl.constexpr):
-    """Hand-offs 8-11 of a row top-k step, signalled only (`_tkrow_stages`)."""
-    for s in tl.static_range(8, 12):
+                   CLOCK: tl.constexpr, S0: tl.constexpr = 8):
+    """Hand-offs S0-11 of a short step's top-k, signalled only (`_tkrow_stages`: from 8,
+    `_tkspread_stages`: from 9)."""
+    for s in tl.static_range(S0, 12):
         if FIRST <= s and LAST >= s:
             if ok:
                 ok = _signal_only(row, s, pid, FUSED and FIRST < s, CLOCK)
