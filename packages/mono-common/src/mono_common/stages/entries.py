@@ -38,13 +38,10 @@ from mono_common.stages.prefetch import prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
 from mono_common.stages.topk import (
-    tk_locate,
-    tk_rows,
-    tk_tiles,
+    TKC,
     topk_count,
     topk_hist,
-    topk_hist_first,
-    topk_hist_spread,
+    topk_hist_tiles,
     topk_rows_one,
     topk_spread_threshold,
     topk_spread_write,
@@ -150,7 +147,7 @@ def topk_spread_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE == 0:
-        topk_hist_spread(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W, TOPK)
+        topk_hist_tiles(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W, TOPK, TKC, tkf_ptr)
     elif STAGE == 1:
         topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W, TOPK, SHORT, RK)
     else:
@@ -162,16 +159,7 @@ def topk_first_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W: tl.constexpr
                      TB: tl.constexpr):
     """The top-k's first radix pass run the way a producer of the scores runs it
     (`topk_hist_first`), one (row, TB-score tile) a tile over the rows' tiles."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    rows, ns = tk_rows(seqlen_ptr, W)
-    cnt = (ns + TB - 1) // TB
-    first, total = tk_tiles(rows, cnt)
-    for t in range(pid, total, nprog):
-        m, c, n = tk_locate(t, rows, ns, first, cnt)
-        ti = c * TB + tl.arange(0, TB)
-        x = tl.load(scores_ptr + m * stride_sc + ti, mask=ti < n, other=0.0)
-        topk_hist_first(tkh_ptr, m, x, ti < n, n, TOPK)
+    topk_hist_tiles(tl.program_id(0), tl.num_programs(0), scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W, TOPK, TB)
 
 
 @triton.jit

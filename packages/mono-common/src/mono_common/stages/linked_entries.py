@@ -36,11 +36,12 @@ from mono_common.stages.entries import grid_handoff
 from mono_common.stages.handoff import grid_handoff_flag, grid_handoff_spin, grid_handoff_split
 from mono_common.stages.mla import mla_combine, mla_partial
 from mono_common.stages.topk import (
+    TKC,
     TKH_ROW,
     TKS_FINE,
     topk_count,
     topk_hist,
-    topk_hist_spread,
+    topk_hist_tiles,
     topk_rows_one,
     topk_spread_threshold,
     topk_spread_write,
@@ -75,7 +76,7 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
             if SPREAD > 0:
                 fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
                 topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
-                topk_hist_spread(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK)
+                topk_hist_tiles(pid, nprog, sl, stride_sc, seqlen_ptr, hb, W, TOPK, TKC, fb)
                 grid_handoff(bar_ptr, (3 * li + 1) * nprog)
                 topk_spread_threshold(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK, SPREAD, RK)
                 grid_handoff(bar_ptr, (3 * li + 2) * nprog)

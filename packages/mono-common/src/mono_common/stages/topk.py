@@ -301,6 +301,26 @@ def topk_count(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
 
 
 @triton.jit
+def _place_short(out_ptr, j, n, TOPK: tl.constexpr):
+    """A row of n <= TOPK tokens: its slots j (a tile of them) take j, or -1 past n."""
+    tl.store(out_ptr + j, tl.where(j < n, j, -1), mask=j < TOPK)
+
+
+@triton.jit
+def _place_keys(out_ptr, j, key, inb, thr, gtb, tie0, TOPK: tl.constexpr):
+    """A tile's tokens j (keys key, inb: which are the row's) placed in the row's top-TOPK at
+    out_ptr: the keys above thr after the gtb above it before the tile, the ties of thr after
+    tie0 (the row's keys above it and its ties before the tile). Fewer than TOPK keys exceed
+    thr; the masks keep a wrong thr inside the row."""
+    si = ((key > thr) & inb).to(tl.int32)
+    slot = gtb + tl.cumsum(si, 0) - si
+    tl.store(out_ptr + slot, j, mask=(si != 0) & (slot < TOPK))
+    si = ((key == thr) & inb).to(tl.int32)
+    slot = tie0 + tl.cumsum(si, 0) - si
+    tl.store(out_ptr + slot, j, mask=(si != 0) & (slot < TOPK))
+
+
+@triton.jit
 def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nck,
                   W: tl.constexpr, TOPK: tl.constexpr, INDEXER: tl.constexpr, SHORT: tl.constexpr = 0,
                   ONCE: tl.constexpr = False):
@@ -332,8 +352,7 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
             m, c, n = tk_locate(t, rows, ns, first, cnt)
             c0 = c * TKC
             if n <= TOPK:
-                tl.store(topk_ptr + m * TOPK + c0 + dig, tl.where(c0 + dig < n, c0 + dig, -1),
-                         mask=c0 + dig < TOPK)
+                _place_short(topk_ptr + m * TOPK, c0 + dig, n, TOPK)
             else:
                 if ONCE:
                     run = (m == last) & (c == nxt)
@@ -354,14 +373,7 @@ def topk_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, 
                 else:
                     gtb, eqb, gtt = _chunk_counts(tkc_ptr, m, nck, n, c)
                 inb, key = tk_keys(scores_ptr, stride_sc, m, c0, n)
-                # fewer than TOPK keys exceed thr; the mask keeps a wrong thr from writing past
-                # the row (the rows after it, or past the buffer)
-                si = ((key > thr) & inb).to(tl.int32)
-                slot = gtb + tl.cumsum(si, 0) - si
-                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
-                si = ((key == thr) & inb).to(tl.int32)
-                slot = gtt + eqb + tl.cumsum(si, 0) - si
-                tl.store(topk_ptr + m * TOPK + slot, c0 + dig, mask=(si != 0) & (slot < TOPK))
+                _place_keys(topk_ptr + m * TOPK, c0 + dig, key, inb, thr, gtb, gtt + eqb, TOPK)
 
 
 @triton.jit
@@ -489,8 +501,7 @@ def topk_row(scores_ptr, stride_sc, m, n, topk_ptr, TOPK: tl.constexpr, SHORT: t
     tl.static_assert(SHORT <= 32768, "topk_row packs two counts of at most SHORT in 16 bits each")
     if n <= TOPK:
         for c0 in range(0, TOPK, TKC):
-            j = c0 + tl.arange(0, TKC)
-            tl.store(topk_ptr + m * TOPK + j, tl.where(j < n, j, -1), mask=j < TOPK)
+            _place_short(topk_ptr + m * TOPK, c0 + tl.arange(0, TKC), n, TOPK)
     else:
         row_ptr = scores_ptr + m * stride_sc
         i = tl.arange(0, SHORT)
@@ -562,20 +573,21 @@ def topk_spread_zero(pid, nprog, tkf_ptr, W: tl.constexpr):
 
 
 @triton.jit
-def topk_hist_spread(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W: tl.constexpr,
-                     TOPK: tl.constexpr):
-    """Radix pass 0 and the fine histogram of every row of more than TOPK tokens, one TKC-key
-    chunk a tile: what the layer's index scores add as they write the scores, as a stage of its
-    own (the standalone spread form)."""
+def topk_hist_tiles(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W: tl.constexpr, TOPK: tl.constexpr,
+                    TB: tl.constexpr, tkf_ptr=None):
+    """Radix pass 0 (and, tkf_ptr given, the spread form's fine histograms) of every row of
+    more than TOPK tokens, one TB-score tile of a row a step: what a producer of the scores adds
+    as it writes them (`topk_hist_first`, `topk_hist_fine`), as a stage of its own."""
     rows, ns = tk_rows(seqlen_ptr, W)
-    cnt = tl.where(ns > TOPK, (ns + TKC - 1) // TKC, 0)
+    cnt = tl.where(ns > TOPK, (ns + TB - 1) // TB, 0)
     first, total = tk_tiles(rows, cnt)
     for t in range(pid, total, nprog):
         m, c, n = tk_locate(t, rows, ns, first, cnt)
-        j = c * TKC + tl.arange(0, TKC)
+        j = c * TB + tl.arange(0, TB)
         x = tl.load(scores_ptr + m * stride_sc + j, mask=j < n, other=0.0)
         topk_hist_first(tkh_ptr, m, x, j < n, n, TOPK)
-        topk_hist_fine(tkf_ptr, m, x, j < n, n, TOPK)
+        if tkf_ptr is not None:
+            topk_hist_fine(tkf_ptr, m, x, j < n, n, TOPK)
 
 
 @triton.jit
@@ -657,7 +669,7 @@ def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, to
         j = c0 + j0
         out = topk_ptr + m * TOPK
         if n <= TOPK:
-            tl.store(out + j, tl.where(j < n, j, -1), mask=j < TOPK)
+            _place_short(out, j, n, TOPK)
         else:
             hb = tkh_ptr + m * TKH_ROW
             thr = tl.load(hb + TKS_WORD)
@@ -668,12 +680,5 @@ def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, to
             gtb = s & 0xFFFF
             # the SHORT - c0 stand-ins equal thr only when thr is KEY_NONE itself
             eqb = (s >> 16) - tl.where(thr == KEY_NONE, SHORT - c0, 0)
-            inj = j < n
-            mk = okey32(tl.load(row_ptr + j, mask=inj, other=0.0))
-            # fewer than TOPK keys exceed thr; the masks keep a wrong thr inside the row
-            si = ((mk > thr) & inj).to(tl.int32)
-            slot = gtb + tl.cumsum(si, 0) - si
-            tl.store(out + slot, j, mask=(si != 0) & (slot < TOPK))
-            si = ((mk == thr) & inj).to(tl.int32)
-            slot = ngt + eqb + tl.cumsum(si, 0) - si
-            tl.store(out + slot, j, mask=(si != 0) & (slot < TOPK))
+            mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
+            _place_keys(out, j, mk, j < n, thr, gtb, ngt + eqb, TOPK)

@@ -570,6 +570,18 @@ def _row_tokens(knob: str, v, lo: int, hi: int, errors: list[str]) -> int:
     return v
 
 
+def _short_topk_refusal(knob: str, plan: Plan, change: dict[str, object]) -> str | None:
+    """Why a short step's top-k form (`topk_row`, `topk_spread`) cannot be built on `plan` with
+    the knobs' `change` so far, or None: both need the indexer, the first radix pass in the index
+    scores (whose histogram seeds them) and the unrolled radix passes (their fallback)."""
+    if not plan.INDEXER:
+        return f"{knob} needs the indexer (a layer without one has no top-k)"
+    if not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
+        return (f"{knob} takes the first radix pass in the index scores and the unrolled passes: "
+                "build it without hist_in_scores false and without radix_loop")
+    return None
+
+
 def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, object], errors: list[str]) -> None:
     """Plan.PFS from the knob `prefetch_sites` (site names, `stages.PFS_SITES`), into `change`,
     or the reasons it is refused into `errors`. A build without prefetches (PFN -1, a TP8 rank's
@@ -829,28 +841,24 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
         _prefetch_sites(k["prefetch_sites"], k.get("prefetch_programs"), plan, hip, change, errors)
     if k.get("topk_row"):
         v = _row_tokens("topk_row", k["topk_row"], 256, 4096, errors)
+        why = _short_topk_refusal("topk_row", plan, change)
         if hip:
             errors.append("topk_row spills gfx950's registers at 4096 keys (27 VGPRs): build without it")
-        elif not plan.INDEXER:
-            errors.append("topk_row needs the indexer (a layer without one has no top-k)")
-        elif not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
-            errors.append("topk_row takes the first radix pass in the index scores and the unrolled passes: "
-                          "build it without hist_in_scores false and without radix_loop")
+        elif why:
+            errors.append(why)
         elif v:
             change["TKR"] = v
     if k.get("topk_spread"):
         from mono_common.stages.topk import spread_keys
 
         v = _row_tokens("topk_spread", k["topk_spread"], 256, 4096, errors)
+        why = _short_topk_refusal("topk_spread", plan, change)
         if hip:
             errors.append("topk_spread is not resource-checked on gfx950: build without it")
-        elif not plan.INDEXER:
-            errors.append("topk_spread needs the indexer (a layer without one has no top-k)")
         elif k.get("topk_row"):
             errors.append("topk_row and topk_spread each take a short step's top-k: name one of them")
-        elif not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
-            errors.append("topk_spread takes the first radix pass in the index scores and the unrolled passes: "
-                          "build it without hist_in_scores false and without radix_loop")
+        elif why:
+            errors.append(why)
         elif v:
             change.update(TKS=v, RKS=spread_keys(plan.W, v, nprog))
     if k.get("topk_row_absorb"):

@@ -515,7 +515,7 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None):
+             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None, fine=False):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
     # holds the quantised values and qns_ptr their scales (stage_latent's)
     gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
@@ -528,8 +528,10 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
             # (Plan.TKF), dealt from the last program down
             _zero_tkh(nprog - 1 - pid, nprog, tkh_ptr, W)
         if tkf_ptr is not None:
-            # and the spread top-k's fine histograms (Plan.TKS), which the index scores add to
-            _topk_spread_zero(pid, nprog, tkf_ptr, W)
+            if fine:
+                # and, in a step that takes the spread top-k (Plan.TKS), its fine histograms,
+                # which the index scores add to
+                _topk_spread_zero(pid, nprog, tkf_ptr, W)
 
 
 @triton.jit
@@ -698,7 +700,7 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                  W: tl.constexpr, IH: tl.constexpr, IHP: tl.constexpr, ID: tl.constexpr,
                  PG: tl.constexpr, TB: tl.constexpr, INDEXER: tl.constexpr, FASTCVT: tl.constexpr = False,
                  TOPK: tl.constexpr = 0, TKF: tl.constexpr = False, IF16: tl.constexpr = False,
-                 ISP: tl.constexpr = False, PF: tl.constexpr = False, tkf_ptr=None):
+                 ISP: tl.constexpr = False, PF: tl.constexpr = False, tkf_ptr=None, fine=False):
     # ISP (Plan.ISP, a measurement knob): the page-table entries read two tiles ahead, and the
     # next tile's keys and scales requested into the L2 (PF: sm_90's prefetch; without it only
     # the lookahead runs) while this tile computes, so a tile's keys come from the L2, not the
@@ -752,8 +754,10 @@ def stage_iscore(pid, nprog, iq8_ptr, iwt_ptr, idx_cache_ptr, seqlen_ptr, req_pt
                 nm = tl.sum(tl.where(rows == m, ns, 0), 0)
                 _topk_hist_first(tkh_ptr, m, logit, tv, nm, TOPK)
                 if tkf_ptr is not None:
-                    # the spread top-k's fine histogram beside it (Plan.TKS)
-                    _topk_hist_fine(tkf_ptr, m, logit, tv, nm, TOPK)
+                    if fine:
+                        # the spread top-k's fine histogram beside it, in a step that takes
+                        # that form (Plan.TKS): not the atomics of a long step's keys
+                        _topk_hist_fine(tkf_ptr, m, logit, tv, nm, TOPK)
             m = m1
             ti = ti1
             tv = tv1
@@ -1544,6 +1548,17 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
 
 
 @triton.jit
+def _tk_spread_step(row, W: tl.constexpr, TKS: tl.constexpr, INDEXER: tl.constexpr):
+    """Whether this step takes the spread top-k (Plan.TKS: every row at most TKS tokens); every
+    program reads the same lengths, so every program (and every stage) decides alike."""
+    if TKS > 0 and INDEXER:
+        spread = _tk_rows_short(_p(row, P.SEQLEN, tl.int32), W, TKS)
+    else:
+        spread = False
+    return spread
+
+
+@triton.jit
 def _tk_short_entry(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                     R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, SYC: tl.constexpr):
     """Hand-offs 6 and 7 in FIRST..LAST of a short step's top-k (Plan.TKR or TKS): 6 folded (the
@@ -1793,7 +1808,8 @@ def layer_kernel(
             stage_qb(pid, nprog, _p(row, P.QNQ if XQP else P.QN, bf16), _p(row, P.WQB, u8), _p(row, P.SQB, f32),
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
-                     _p(row, P.TKH, i32) if TKF else None, TKF, _p(row, P.TKFINE, i32) if TKS > 0 else None)
+                     _p(row, P.TKH, i32) if TKF else None, TKF, _p(row, P.TKFINE, i32) if TKS > 0 else None,
+                     _tk_spread_step(row, W, TKS, INDEXER))
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
@@ -1818,7 +1834,7 @@ def layer_kernel(
                          _p(row, P.SEQLEN, i32), _p(row, P.REQ, i64), _p(row, P.RTT, i32), _si(row, P.STRIDE_RTT),
                          _p(row, P.SCORES, f32), _si(row, P.MAX_PAGES), _si(row, P.STRIDE_SC), _p(row, P.TKH, i32),
                          W, IH, IHP, ID, PG, TB, INDEXER, FASTCVT, TOPK, TKF, IF16, ISP, PF,
-                         _p(row, P.TKFINE, i32) if TKS > 0 else None)
+                         _p(row, P.TKFINE, i32) if TKS > 0 else None, _tk_spread_step(row, W, TKS, INDEXER))
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ_LATE) != 0:
         # the same ~20 MB after this program's index-score tiles instead: not queued while
         # absorb's last programs still load (session 28: absorb 8.4 -> 11.6 us at 1 row with
@@ -1846,7 +1862,7 @@ def layer_kernel(
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     elif TKS > 0 and INDEXER:
-        if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKS):
+        if _tk_spread_step(row, W, TKS, INDEXER):
             ok = _tkspread_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKS, RKS,
                                   SY)
         else:
