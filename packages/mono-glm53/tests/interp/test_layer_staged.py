@@ -310,7 +310,7 @@ def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_
     s = tiny(index_heads=8, index_topk=16)
     c = build_case(s, 3, 600, True, seed=31, ctxs=[600, 530, 9])
     got = []
-    for knob in (None, tks):
+    for knob in (False, tks):
         k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_spread=knob)
         assert k.plan.TKF and k.plan.TKS == (knob or 0) and k.plan.RKS == (128 if knob else 16)
         got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.topk.clone(), k.scores.clone(), k.tkf.clone()))

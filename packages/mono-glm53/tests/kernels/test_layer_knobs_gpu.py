@@ -66,17 +66,18 @@ KNOB_SETS = {
     "topk_row": dict(topk_row=True),
     # and the absorption moved beside it, off the index scores' path
     "topk_row_absorb": dict(topk_row=True, topk_row_absorb=True),
-    # the top-k of such a step in two stages on every program: each long row's threshold by
-    # the tiles holding keys of its top digit, then every tile's keys placed
-    "topk_spread": dict(topk_spread=True),
+    # the radix stages for every step (the default at a TP8 rank on sm_90: a step whose rows
+    # all have at most 4096 tokens takes its top-k in two stages on every program,
+    # `layer.default_knobs`)
+    "topk_spread_off": dict(topk_spread=False),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded
     "wuv_combine": dict(wuv_combine=True),
     # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off
     # 17 folded
     "norm_in_router": dict(norm_in_router=True),
-    # the absorption tiles summing q_nope once for all their chunks, the q_pe RoPE items tiles of
-    # their own
-    "absorb_gather": dict(absorb_gather=True),
+    # the absorption tiles summing q_nope per 64-row block (the default at a TP8 rank on sm_90:
+    # once for all their chunks, the q_pe RoPE items tiles of their own)
+    "absorb_gather_off": dict(absorb_gather=False),
     # every hand-off's wait polled by one thread's loop (mono-common's guard.wait_ge_spin)
     "handoff_spin": dict(handoff_spin=True),
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,

@@ -233,6 +233,40 @@ def test_topk_spread_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_s
         _with_knobs(hip, s, 264, {"topk_spread": True}, hip=True)
 
 
+def test_a_tp8_rank_on_sm90_defaults_to_the_spread_top_k_and_the_gathered_absorption():
+    """default_knobs: sm_90 at a TP8 rank takes topk_spread (with the indexer) and absorb_gather
+    (at most 8 rows); other shapes and gfx950 none. A named knob wins over its default (None
+    keeps it); topk_row, topk_row_absorb, radix_loop, count_in_write and hist_in_scores false
+    leave the spread top-k out, and each such build is built (the variant's constexprs)."""
+    from mono_glm53.kernels.layer import default_knobs, knobs_with_defaults, variant_constexprs
+
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
+    d = default_knobs("sm_90", tp8, 2, True)
+    assert d == {"topk_spread": True, "absorb_gather": True}
+    assert default_knobs("sm_90", tp8, 2, False) == {"absorb_gather": True}
+    assert default_knobs("sm_90", tp8, 16, True) == {"topk_spread": True}
+    assert default_knobs("gfx950", tp8, 2, True) == {} == default_knobs("sm_90", tp4, 2, True)
+    assert default_knobs("sm_90", REAL, 2, True) == {}
+    assert knobs_with_defaults(d, {}) == d == knobs_with_defaults(d, {"topk_spread": None})
+    assert knobs_with_defaults(d, {"topk_spread": 512, "absorb_gather": False}) == {"topk_spread": 512,
+                                                                                    "absorb_gather": False}
+    assert knobs_with_defaults(d, {"hist_in_scores": True})["topk_spread"] is True
+    yields = ({"topk_row": True}, {"topk_row": 1024, "topk_row_absorb": True}, {"radix_loop": True},
+              {"count_in_write": True}, {"hist_in_scores": False})
+    for extra in yields:
+        assert knobs_with_defaults(d, extra) == {**extra, "absorb_gather": True}, extra
+    assert knobs_with_defaults(d, {"topk_row": False})["topk_spread"] is True
+    ce = variant_constexprs(tp8, 2, True, 264, "sm_90")
+    assert (ce["TKS"], ce["RKS"], ce["ABG"]) == (4096, 32, True)
+    for extra in yields:
+        ce = variant_constexprs(tp8, 2, True, 264, "sm_90", knobs=extra)
+        assert ce["TKS"] == 0 and ce["ABG"], extra
+    off = variant_constexprs(tp8, 2, True, 264, "sm_90", knobs={"topk_spread": False, "absorb_gather": False})
+    assert (off["TKS"], off["ABG"]) == (0, False)
+    ce = variant_constexprs(tp8, 2, True, 256, "gfx950")
+    assert (ce["TKS"], ce["ABG"]) == (0, False)
+
+
 def test_mla_chunk_sets_the_chunk_of_the_streamed_form_on_sm90():
     """mla_chunk sets Plan.CT (16 or 32), not HOLD; a value that is not 16 or 32, beside mla_hold
     and on gfx950 are refused, each with its reason."""

@@ -53,7 +53,8 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "folded_handoffs", "KNOBS", "MEASUREMENT_KWARGS"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs", "folded_handoffs", "KNOBS",
+           "MEASUREMENT_KWARGS"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -438,7 +439,8 @@ KNOBS = {
                    "scores add beside the first pass's (3 of 4096 keys in the bench's case, CPU reference); "
                    "with the top 8 bits (1115 keys there) the layer was slower: H100, served TP8 shard, ctx "
                    "4096, session 36: 161.0 / 336.2 us against 157.5 / 282.2, the threshold stage 19.2 / 75.6 "
-                   "us. The fine form is not yet timed",
+                   "us. The fine form, session 37, beside the radix stages in one call: 151.6 / 284.5 us against "
+                   "156.7 / 286.3. A TP8 rank's sm_90 default (`default_knobs`; false: the radix stages)",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
@@ -477,8 +479,8 @@ KNOBS = {
                      "(sm_90; the same bits): a little faster (H100s, served TP8 shard, ctx 4096, the layer at 1 "
                      "row 157.0 -> 155.3 us in session 30, 159.7 -> 159.0 in session 31, the absorb stage 6.0 -> "
                      "4.0 us; 8 rows 279.1 -> 278.9 and 290.6 -> 287.2; session 33 157.1 -> 154.5 and 284.1 -> "
-                     "284.0), not yet a default: it spills more "
-                     "(Triton 3.6 at width 2: 28 bytes, the default 4) and only its knob sets ran on the GPU",
+                     "284.0). A TP8 rank's sm_90 default at most 8 rows since mono-glm53 0.3.26 (`default_knobs`; "
+                     "false: per 64-row block); under Triton 3.6 it spills more (width 2: 28 bytes, without it 4)",
     "code_pad": "Plan.PADS, PADKB: [stage, KB], KB of code every program runs after the hand-off into stage "
                 "1..20 (a probe: KB > 0 straight-line, each instruction fetched once; KB < 0 the same "
                 "multiply-adds from a hot loop; what a KB of code costs there)",
@@ -579,6 +581,15 @@ def _short_topk_refusal(knob: str, plan: Plan, change: dict[str, object]) -> str
     if not change.get("TKF", plan.TKF) or change.get("TKL", plan.TKL):
         return (f"{knob} takes the first radix pass in the index scores and the unrolled passes: "
                 "build it without hist_in_scores false and without radix_loop")
+    return None
+
+
+def _absorb_gather_refusal(s: GlmLayerShape, W: int) -> str | None:
+    """Why `absorb_gather` cannot be built for shape s at W rows, or None."""
+    bkn = 64 if s.qk_nope % 64 == 0 else (32 if s.qk_nope % 32 == 0 else 16)
+    if s.qk_nope > 256 or s.qk_nope // bkn > 4 or W > 8:
+        return (f"absorb_gather takes q_nope ({s.qk_nope}) in at most 4 blocks of {bkn} and 256 columns "
+                f"at most 8 rows (not {W}): build without it")
     return None
 
 
@@ -745,12 +756,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
     elif "norm_spread" in k:
         change["ANC"] = 0
     if k.get("absorb_gather"):
-        bkn = 64 if s.qk_nope % 64 == 0 else (32 if s.qk_nope % 32 == 0 else 16)
+        why = _absorb_gather_refusal(s, plan.W)
         if hip:
             errors.append("absorb_gather is not resource-checked on gfx950: build without it")
-        elif s.qk_nope > 256 or s.qk_nope // bkn > 4 or plan.W > 8:
-            errors.append(f"absorb_gather takes q_nope ({s.qk_nope}) in at most 4 blocks of {bkn} and 256 columns "
-                          f"at most 8 rows (not {plan.W}): build without it")
+        elif why:
+            errors.append(why)
         else:
             change["ABG"] = True
     if k.get("handoff_spin"):
@@ -1108,6 +1118,7 @@ class GlmLayerKernel:
         plan = make_tp_plan(s, width, indexer, self.nprog, world, ks_rule)
         plan = dataclasses.replace(plan, **{**isa, "DSTG": dstg, "FASTCVT": fcvt, "XQP": xqp},
                                    ANC=addnorm_default(isa_name, s, width, self.nprog, plan.HB))
+        knobs = knobs_with_defaults(default_knobs(isa_name, s, width, indexer), knobs)
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
@@ -1642,6 +1653,51 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
             "TKP": False, "PFN": 0}
 
 
+# the named knobs (truthy; hist_in_scores false) each default knob yields to: a build that names
+# one of them is built without that default, as if it named it false
+_DEFAULT_YIELDS = {
+    "topk_spread": ("topk_row", "topk_row_absorb", "radix_loop", "count_in_write"),
+    "absorb_gather": (),
+}
+
+
+def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict[str, object]:
+    """The knobs of `KNOBS` a build of shape s at `width` rows takes unless it names them.
+
+    sm_90 where MF16 is (a TP8 rank, `isa_options`), each giving the same bits as without it
+    (GPU knob tests at 2 and 8 rows, fused with stage delays):
+    - `topk_spread` (with the indexer): a step whose rows all have at most 4096 tokens takes its
+      top-k in two stages on every program. H100, served TP8 shard, ctx 4096, session 37, beside
+      the radix stages in one call: 156.7 -> 151.6 us at 1 row, 286.3 -> 284.5 at 8.
+    - `absorb_gather` (at most 8 rows): the absorption 6.0 -> 4.0 us (sessions 30-33, H100:
+      154.5 / 284.0 against 157.1 / 284.1 us in session 33).
+    A build naming `topk_row`, `topk_row_absorb`, `radix_loop` or `count_in_write`, or
+    `hist_in_scores` false, takes the radix stages (`_DEFAULT_YIELDS`). Not on other shapes
+    (not timed there) nor gfx950 (not resource-checked there)."""
+    if not isa.startswith("sm") or s.moe_inter_per_rank > 2 * s.block:
+        return {}
+    out: dict[str, object] = {}
+    if indexer:
+        out["topk_spread"] = True
+    if _absorb_gather_refusal(s, width) is None:
+        out["absorb_gather"] = True
+    return out
+
+
+def knobs_with_defaults(defaults: dict[str, object], knobs: dict[str, object]) -> dict[str, object]:
+    """`knobs` over `defaults` (`default_knobs`): a knob named (not None) wins; a default whose
+    `_DEFAULT_YIELDS` knob is named truthy, or topk_spread beside hist_in_scores false, is left out."""
+    named = {n: v for n, v in knobs.items() if v is not None}
+    out = {}
+    for n, v in defaults.items():
+        if any(named.get(y) for y in _DEFAULT_YIELDS.get(n, ())):
+            continue
+        if n == "topk_spread" and named.get("hist_in_scores") is False:
+            continue
+        out[n] = v
+    return {**knobs, **out, **named}
+
+
 def launch_options(device) -> dict:
     """Launch options of every layer-kernel launch on `device` (beyond grid and num_warps)."""
     if torch.device(device).type == "cuda" and not torch.version.hip:
@@ -1715,13 +1771,17 @@ def kernel_signature() -> dict[str, str]:
 
 
 def variant_constexprs(s: GlmLayerShape, width: int, indexer: bool, nprog: int, isa: str,
-                       fused: bool = True, world: int = 1) -> dict[str, object]:
-    """Constexprs of one compiled variant (the fused launch unless `fused` is False)."""
+                       fused: bool = True, world: int = 1,
+                       knobs: dict[str, object] | None = None) -> dict[str, object]:
+    """Constexprs of one compiled variant (the fused launch unless `fused` is False), with the
+    ISA's options, its default knobs and `knobs` as GlmLayerKernel's."""
     from mono_common.device.timer import CLOCK_GLOBALTIMER, CLOCK_MEMREALTIME
     from mono_glm53.kernels.stages import NSTAGES
 
     plan = make_tp_plan(s, width, indexer, nprog, world)
-    ce = dataclasses.replace(plan, **isa_options(isa, s), ANC=addnorm_default(isa, s, width, nprog, plan.HB)).constexprs()
+    plan = dataclasses.replace(plan, **isa_options(isa, s), ANC=addnorm_default(isa, s, width, nprog, plan.HB))
+    kn = knobs_with_defaults(default_knobs(isa, s, width, indexer), knobs or {})
+    ce = _with_knobs(plan, s, nprog, kn, hip=not isa.startswith("sm")).constexprs()
     ce.update(FIRST=0, LAST=NSTAGES - 1, FUSED=fused, FAULT=0, SIM=False,
               CLOCK=CLOCK_GLOBALTIMER if isa.startswith("sm") else CLOCK_MEMREALTIME)
     return ce
@@ -1743,10 +1803,7 @@ def compile_variant(s: GlmLayerShape, width: int, indexer: bool, isa: str, world
 
     sm = isa.startswith("sm")
     nprog = RESIDENT_BLOCKS[isa] * PROGRAMS_PER_SM["cuda" if sm else "hip"]
-    ce = variant_constexprs(s, width, indexer, nprog, isa, world=world)
-    if knobs:
-        plan = Plan(**{f.name: ce[f.name] for f in dataclasses.fields(Plan)})
-        ce.update(_with_knobs(plan, s, nprog, knobs, hip=not sm).constexprs())
+    ce = variant_constexprs(s, width, indexer, nprog, isa, world=world, knobs=knobs)
     return compile_kernel(layer_kernel, kernel_signature(), ce, isa, num_warps=NUM_WARPS,
                           num_stages=LAUNCH_NUM_STAGES[isa], pointer_align=16, amd_buffer_ops=False,
                           **({"maxnreg": MAXNREG_SM} if sm else {}))
