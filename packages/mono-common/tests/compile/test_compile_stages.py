@@ -144,14 +144,16 @@ SPREAD_SIG = {"scores_ptr": "*fp32", "stride_sc": "i32", "seqlen_ptr": "*i32", "
               "topk_ptr": "*i32"}
 
 
-@pytest.mark.parametrize("target,stage", [("sm_90", 0), ("sm_90", 1), ("sm_90", 2), ("gfx950", 0), ("gfx950", 2)],
-                         ids=["sm_90-hist", "sm_90-threshold", "sm_90-write", "gfx950-hist", "gfx950-write"])
+@pytest.mark.parametrize("target,stage", [("sm_90", 0), ("sm_90", 1), ("sm_90", 2), ("sm_90", 3), ("gfx950", 0),
+                                          ("gfx950", 2)],
+                         ids=["sm_90-hist", "sm_90-threshold", "sm_90-write", "sm_90-select", "gfx950-hist",
+                              "gfx950-write"])
 def test_topk_spread_stages_compile_without_spills(target, stage, record_property):
     """The spread form's stages (`topk_spread_entry`: pass 0 with the fine histograms, the
-    threshold, the write; mono-glm53's topk_spread) at rows of 4096 keys, 8 rows in tiles of 128
-    (`topk.spread_keys` on 264 programs). The threshold on gfx950 spills SGPRs (Triton 3.8:
-    the row's keys in registers beside its candidate loop), so mono-glm53 refuses the knob
-    there."""
+    threshold, the write, the threshold and write as one stage; mono-glm53's topk_spread and
+    topk_spread_select) at rows of 4096 keys, 8 rows in tiles of 128 (`topk.spread_keys` on 264
+    programs). The threshold on gfx950 spills SGPRs (Triton 3.8: the row's keys in registers
+    beside its candidate loop), so mono-glm53 refuses the knob there."""
     from mono_common.stages import entries
 
     res = cc.compile_kernel(entries.topk_spread_entry, SPREAD_SIG, dict(W=8, TOPK=2048, STAGE=stage, SHORT=4096, RK=128),
@@ -186,7 +188,8 @@ LINKED = [
     # the bench's "spread" variant: radix pass 0, the spread threshold and write, rows of 4096
     # keys (its threshold spills gfx950's SGPRs, as the stage alone)
     ("topk-spread", "topk_linked_entry", TOPK_LINKED_SIG,
-     [dict(W=w, TOPK=2048, stride_sc=4096, nck=16, sc_lstride=w * 4096, SPREAD=4096, RK=rk) for w, rk in ((1, 16), (8, 128))],
+     [dict(W=w, TOPK=2048, stride_sc=4096, nck=16, sc_lstride=w * 4096, SPREAD=4096, RK=rk, SEL=sel)
+      for w, rk in ((1, 16), (8, 128)) for sel in (False, True)],
      ("sm_90",)),
     ("mla", "mla_entry", MLA_SIG, [_mla(w, 64, m) for w in (1, 8) for m in (0, 2)], ("sm_90", "gfx950")),
     # the bench's 16-token chunks (four times the tiles at one row): the combine unrolled over 128

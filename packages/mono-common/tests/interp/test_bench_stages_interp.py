@@ -80,14 +80,15 @@ def test_the_seeded_row_topk_variant_checks_and_hands_off_twice_a_set(one_call_t
     assert row["variant"] == "rowh" and row["handoffs_per_set"] == 2 and row["L"] == 4
 
 
-def test_the_spread_topk_variant_checks_and_hands_off_three_times_a_set(one_call_timer):
-    """`spread`: radix pass 0, the spread threshold, the spread write, a hand-off after each:
-    the reference's integers over 4 sets whose histogram slices zero each other (the threshold
-    word included)."""
-    job = B.Job("topk", (600, 128), 3, "spread", 1)
+@pytest.mark.parametrize("variant,handoffs", [("spread", 3), ("spreads", 2)])
+def test_the_spread_topk_variants_check_and_hand_off_after_each_stage(one_call_timer, variant, handoffs):
+    """`spread`: radix pass 0, the spread threshold, the spread write, a hand-off after each;
+    `spreads`: radix pass 0, then the threshold and write as one stage: the reference's
+    integers over 4 sets whose histogram slices zero each other (the threshold word included)."""
+    job = B.Job("topk", (600, 128), 3, variant, 1)
     (row,) = B.bench_jobs(torch, torch.device("cpu"), [job], ceiling=4.0, replays=3, out=lambda s: None)
     assert row.get("error") is None and row["check"] == "exact", row
-    assert row["variant"] == "spread" and row["handoffs_per_set"] == 3 and row["L"] == 4
+    assert row["variant"] == variant and row["handoffs_per_set"] == handoffs and row["L"] == 4
 
 
 def test_a_row_top_k_longer_than_its_rows_is_refused():
@@ -105,6 +106,8 @@ def test_a_row_top_k_longer_than_its_rows_is_refused():
             LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, spread=spread)
     with pytest.raises(ValueError, match=r"spread needs the fine histograms: make the buffers with topk_buffers"):
         LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, spread=1024)
+    with pytest.raises(ValueError, match=r"select is a form of the spread top-k: give spread"):
+        LH.launch_topk_linked(torch.zeros(2, 1, 600), seqlen, bufs, 1, select=True)
 
 
 def test_a_failing_check_is_reported_and_still_timed(one_call_timer, monkeypatch):

@@ -161,30 +161,34 @@ def test_hist_seeded_row_topk_packs_or_masks_the_top_digits_keys(ncand):
 @pytest.mark.parametrize("lens,k,spread,rk", [((700, 40, 300, 1), 128, 1024, 16), ((256, 257, 512, 33), 128, 512, 32),
                                                ((300, 129, 128), 128, 512, 64), ((1024,), 1000, 1024, 128)],
                          ids=["long-short", "chunk-edges", "at-k", "k-near-row"])
-def test_spread_topk_gives_the_radix_stages_integers(lens, k, spread, rk):
+@pytest.mark.parametrize("select", [False, True], ids=["two-stages", "select"])
+def test_spread_topk_gives_the_radix_stages_integers(lens, k, spread, rk, select):
     """The spread form (radix pass 0 with the fine histograms, `topk_spread_threshold`, then
-    `topk_spread_write`, rk keys a tile over 3 programs): the radix stages' entries exactly,
-    over scores of both signs with many ties (the threshold's ties across tile edges; -0.0
-    below 0.0 in key order) and rows at, under and over k."""
+    `topk_spread_write`; select: the two as `topk_spread_select`; rk keys a tile over 3
+    programs): the radix stages' entries exactly, over scores of both signs with many ties (the
+    threshold's ties across tile edges; -0.0 below 0.0 in key order) and rows at, under and
+    over k."""
     g = torch.Generator().manual_seed(sum(lens) + k + rk)
     L = max(lens)
     scores = torch.randint(-40, 40, (len(lens), L), generator=g).float() / 8
     scores[:, ::7] = -0.0
     seqlen = torch.tensor(lens, dtype=torch.int32)
     want = H.run_topk(scores, seqlen, k, nprog=3)
-    got = H.run_topk(scores, seqlen, k, nprog=3, spread=spread, rk=rk)
+    got = H.run_topk(scores, seqlen, k, nprog=3, spread=spread, rk=rk, select=select)
     assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("case", ["all-equal", "threshold-in-last-bit", "few-candidates", "least-key-threshold",
                                   "one-top-digit"])
-def test_spread_topk_finds_the_threshold_however_many_keys_share_its_digit(case):
+@pytest.mark.parametrize("select", [False, True], ids=["two-stages", "select"])
+def test_spread_topk_finds_the_threshold_however_many_keys_share_its_digit(case, select):
     """The spread threshold's candidates are the keys of the threshold's top 16 bits: every key
     (a row of equal scores, as an index whose ReLU terms are all zero gives), keys that differ
-    only in their last mantissa bit, a few among many others, keys that all share their top 8
-    bits (as index scores mostly do) split by the fine bins, or a threshold that is the least
-    key there is (the NaN of all-ones bits, whose key the stages also use for keys that do not
-    count); each gives the radix stages' entries and, with distinct keys, torch.topk's set."""
+    only in their last mantissa bit (one fine bin: select's bit steps split them),
+    a few among many others, keys that all share their top 8 bits (as index scores mostly do)
+    split by the fine bins, or a threshold that is the least key there is (the NaN of all-ones
+    bits, whose key the stages also use for keys that do not count); each gives the radix
+    stages' entries and, with distinct keys, torch.topk's set."""
     g = torch.Generator().manual_seed(7)
     n, k = 512, 100
     if case == "all-equal":
@@ -202,7 +206,7 @@ def test_spread_topk_finds_the_threshold_however_many_keys_share_its_digit(case)
         scores = torch.cat([torch.rand(60, generator=g), least])[torch.randperm(n, generator=g)][None]
     seqlen = torch.tensor([n], dtype=torch.int32)
     want = H.run_topk(scores, seqlen, k, nprog=3)
-    got = H.run_topk(scores, seqlen, k, nprog=5, spread=n, rk=16)
+    got = H.run_topk(scores, seqlen, k, nprog=5, spread=n, rk=16, select=select)
     assert torch.equal(got, want)
     if case == "all-equal":
         assert got[0].tolist() == list(range(k))

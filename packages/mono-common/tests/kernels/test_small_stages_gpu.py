@@ -59,6 +59,9 @@ def check_topk(dev, n, rows, k, nprog, ties, seed=0):
         # the spread form: radix pass 0, the threshold by its candidates' tiles, the write
         forms.append(("spread", H.run_topk(sd, ld, k, nprog, spread=4096)))
         forms.append(("spread-linked", LH.run_topk_linked(sd, ld, k, nprog, spread=4096)))
+        # and its threshold and write as one stage (the low 16 bits one bit a step)
+        forms.append(("spread-select", H.run_topk(sd, ld, k, nprog, spread=4096, select=True)))
+        forms.append(("spread-select-linked", LH.run_topk_linked(sd, ld, k, nprog, spread=4096, select=True)))
     for form, got in forms:
         got = got.cpu().long()
         for m, nm in enumerate(seqlen.tolist()):

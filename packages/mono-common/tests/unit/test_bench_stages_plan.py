@@ -28,10 +28,11 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     assert ahead.l2_ahead and xq and ahead == dataclasses.replace(B.variant_plan("s128fq", 2624, 6144, 1, 264)[0],
                                                                   l2_ahead=True)
     # the radix stages at every length, one program a row (`row`, and `rowh` seeded by radix
-    # pass 0) and the spread form (`spread`) where the rows fit their 4096 keys
+    # pass 0) and the spread form (`spread`, and `spreads` in one stage) where the rows fit
+    # their 4096 keys
     assert {(j.shape, j.rows, j.variant) for j in by["topk"]} == \
         {((n, 2048), r, "radix") for n in (4096, 65536, 200000) for r in (1, 8)} | \
-        {((4096, 2048), r, v) for r in (1, 8) for v in ("row", "rowh", "spread")}
+        {((4096, 2048), r, v) for r in (1, 8) for v in ("row", "rowh", "spread", "spreads")}
     assert {(j.rows, j.variant) for j in by["mla"]} == {(r, v) for r in (1, 8) for v in ("ct64", "ct16", "ct16h", "ct32h")}
     heads, latent, rope, selected, ctx, page = B.MLA_SHAPE
     assert (heads, latent, rope, selected, page) == (64 // 8, 512, 64, 2048, 64) and ctx > selected
@@ -46,6 +47,7 @@ def test_a_subset_of_stages_rows_and_keys():
     assert [(j.stage, j.shape, j.rows, j.nprog, j.variant) for j in jobs] == [
         ("topk", (4096, 2048), 8, 100, "radix"), ("topk", (4096, 2048), 8, 100, "row"),
         ("topk", (4096, 2048), 8, 100, "rowh"), ("topk", (4096, 2048), 8, 100, "spread"),
+        ("topk", (4096, 2048), 8, 100, "spreads"),
         ("handoff", (50,), None, 100, "grid100"), ("handoff", (50,), None, 50, "grid50")]
     assert [j.variant for j in plan("--stages", "topk", "--rows", "1", "--keys", "4097")] == ["radix"]
     jobs = plan("--stages", "gemv,mla", "--shapes", "2048x2048", "--variants", "s128f", "--rows", "2",

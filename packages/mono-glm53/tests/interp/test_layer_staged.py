@@ -293,14 +293,17 @@ def test_topk_row_gives_each_short_row_to_one_program_and_the_default_bits(tkr, 
 
 
 @pytest.mark.parametrize("tks,spread_path", [(1024, True), (512, False)], ids=["rows-fit", "a-row-too-long"])
-def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_bits(tks, spread_path):
+@pytest.mark.parametrize("select", [False, True], ids=["two-stages", "select"])
+def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_bits(tks, spread_path, select):
     """topk_spread (Plan.TKS): a step whose rows all have at most TKS tokens finds each long
     row's threshold in stage 7 (the tiles holding keys of its top digit) and places every row's
-    keys in stage 8, on every program, stages 9-11 only signalling; a step with a longer row
-    takes the radix stages. Rows of 600, 530 and 9 tokens (top 16) on 4 programs: the top-k
-    and the layer are the default's either way; on the spread path the index scores fill the
-    long rows' fine histograms (their keys by top 16 bits) and each long row's threshold word
-    holds its 16th largest key."""
+    keys in stage 8, on every program, stages 9-11 only signalling; with topk_spread_select
+    (Plan.TSS) every tile finds its row's threshold itself and places its keys in stage 7,
+    stages 8-11 only signalling; a step with a longer row takes the radix stages. Rows of 600,
+    530 and 9 tokens (top 16) on 4 programs: the top-k and the layer are the default's either
+    way; on the spread path the index scores fill the long rows' fine histograms (their keys
+    by top 16 bits) and, in two stages, each long row's threshold word holds its 16th largest
+    key."""
     import torch
 
     from mono_common.stages.topk import TKS_WORD
@@ -311,8 +314,10 @@ def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_
     c = build_case(s, 3, 600, True, seed=31, ctxs=[600, 530, 9])
     got = []
     for knob in (False, tks):
-        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_spread=knob)
+        k = GlmLayerKernel(s, c.w, 4, max_seq_len=600, nprog=4, device="cpu", topk_spread=knob,
+                           topk_spread_select=bool(knob) and select)
         assert k.plan.TKF and k.plan.TKS == (knob or 0) and k.plan.RKS == (128 if knob else 16)
+        assert k.plan.TSS == (bool(knob) and select)
         got.append((kernel_out(c, k, "staged"), k.tkh.clone(), k.topk.clone(), k.scores.clone(), k.tkf.clone()))
     ((a, ca), ha, ta, _, _), ((b, cb), hb, tb, sb, fb) = got
     assert torch.equal(ta, tb) and (ta[:3] >= 0).sum() == 16 + 16 + 9
@@ -322,7 +327,7 @@ def test_topk_spread_finds_the_threshold_on_every_program_and_gives_the_default_
     for m, n in ((0, 600), (1, 530)):
         kth = torch.topk(sb[m, :n], 16).values[-1].view(torch.int32)
         key = int(kth) ^ ((int(kth) >> 31) & 0x7FFFFFFF)
-        assert (int(hb[m, TKS_WORD.value]) == key) == spread_path, m
+        assert (int(hb[m, TKS_WORD.value]) == key) == (spread_path and not select), m
     # the radix passes 1-3 fill the bins after pass 0's only without the spread path
     assert ha[:2, 256:512].sum() > 0 and (hb[:2, 256:512].sum() == 0) == spread_path
     # the index scores fill the fine histograms of the rows longer than the top-k in a step

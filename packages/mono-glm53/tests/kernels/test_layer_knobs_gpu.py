@@ -70,6 +70,8 @@ KNOB_SETS = {
     # all have at most 4096 tokens takes its top-k in two stages on every program,
     # `layer.default_knobs`)
     "topk_spread_off": dict(topk_spread=False),
+    # the spread top-k in one stage: each tile finds its row's threshold itself
+    "topk_spread_select": dict(topk_spread_select=True),
     # the value projection combining its head's MLA chunks itself, hand-off 14 folded
     "wuv_combine": dict(wuv_combine=True),
     # the post-attention norm in the router's programs (and o_proj's last-span sums), hand-off

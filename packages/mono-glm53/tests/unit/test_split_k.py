@@ -267,6 +267,25 @@ def test_a_tp8_rank_on_sm90_defaults_to_the_spread_top_k_and_the_gathered_absorp
     assert (ce["TKS"], ce["ABG"]) == (0, False)
 
 
+def test_topk_spread_select_is_a_form_of_the_spread_top_k():
+    """topk_spread_select sets Plan.TSS over the spread top-k (a TP8 rank's sm_90 default, or
+    named); without it (topk_spread false, a knob it yields to, a shape without the default)
+    and on gfx950 it is refused with its reason."""
+    from mono_glm53.kernels.layer import variant_constexprs
+
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
+    ce = variant_constexprs(tp8, 2, True, 264, "sm_90", knobs={"topk_spread_select": True})
+    assert ce["TSS"] and ce["TKS"] == 4096 and not variant_constexprs(tp8, 2, True, 264, "sm_90")["TSS"]
+    ce = variant_constexprs(tp4, 2, True, 264, "sm_90", knobs={"topk_spread": 1024, "topk_spread_select": True})
+    assert ce["TSS"] and ce["TKS"] == 1024
+    for s, extra in ((tp8, {"topk_spread": False}), (tp8, {"topk_row": True}), (tp8, {"radix_loop": True}),
+                     (tp8, {"hist_in_scores": False}), (tp4, {})):
+        with pytest.raises(ValueError, match=r"topk_spread_select is a form of the spread top-k: build it with "):
+            variant_constexprs(s, 2, True, 264, "sm_90", knobs={"topk_spread_select": True, **extra})
+    with pytest.raises(ValueError, match=r"topk_spread_select is not resource-checked on gfx950"):
+        variant_constexprs(tp8, 2, True, 256, "gfx950", knobs={"topk_spread_select": True})
+
+
 def test_mla_chunk_sets_the_chunk_of_the_streamed_form_on_sm90():
     """mla_chunk sets Plan.CT (16 or 32), not HOLD; a value that is not 16 or 32, beside mla_hold
     and on gfx950 are refused, each with its reason."""

@@ -15,7 +15,8 @@ Stages (all by default):
            (`topk.topk_row` HIST, as a layer that runs pass 0 in the index scores would), and
            "spread": radix pass 0 with the fine histograms, then the spread form's threshold and
            write on every program
-           (`topk.topk_spread_threshold` / `topk_spread_write`), a hand-off after each
+           (`topk.topk_spread_threshold` / `topk_spread_write`), a hand-off after each, and
+           "spreads": the same with the threshold and write as one stage (`topk.topk_spread_select`)
   mla      sparse MLA over 2048 selected tokens of one TP8 rank (8 heads, latent 512 + rope 64),
            rows 1 and 8: partials, hand-off, combine, hand-off ("bar"); the partials alone
            ("nobar", the stage's streaming rate)
@@ -87,8 +88,8 @@ INDEX_TOPK = 2048
 TOPK_KEYS = (4096, 65536, 200000)
 # the "row" variant's rows (`topk.topk_rows_one`): at most this many keys, as sm_90 holds them
 ROW_KEYS = 4096
-# "radix" at every length, "row", "rowh" and "spread" where the rows have at most ROW_KEYS keys
-TOPK_VARIANTS = ("radix", "row", "rowh", "spread")
+# "radix" at every length, "row", "rowh", "spread" and "spreads" where the rows have at most ROW_KEYS keys
+TOPK_VARIANTS = ("radix", "row", "rowh", "spread", "spreads")
 # (heads, latent, rope, selected tokens, tokens a request holds, page): the selection is half of
 # each request's tokens, in shuffled pages, so the reads are a gather as in serving
 MLA_SHAPE = (8, 512, 64, INDEX_TOPK, 2 * INDEX_TOPK, 64)
@@ -227,7 +228,8 @@ def _topk_case(torch, dev, job, ceiling, memo):
     (n, k), rows = job.shape, job.rows
     row = ROW_KEYS if job.variant in ("row", "rowh") else 0
     hist = job.variant == "rowh"
-    spread = ROW_KEYS if job.variant == "spread" else 0
+    spread = ROW_KEYS if job.variant in ("spread", "spreads") else 0
+    select = job.variant == "spreads"
     # even: the launch's sets zero each other's histograms, two slices in turn (linked_entries)
     L = sets_for(rows * n * 4, even=True)
     gen = torch.Generator(device=dev).manual_seed(n + rows)
@@ -235,7 +237,7 @@ def _topk_case(torch, dev, job, ceiling, memo):
     seqlen = torch.full((rows,), n, dtype=torch.int32, device=dev)
     bufs = topk_buffers(rows, n, k, dev, spread=bool(spread))
     info = dict(stage="topk", shape=f"{k}of{n}", rows=rows, variant=job.variant, nprog=job.nprog, keys=n, k=k,
-                L=L, handoffs_per_set=(2 if hist else 1) if row else (3 if spread else 6), rotated_bytes=L * rows * n * 4)
+                L=L, handoffs_per_set=(2 if hist else 1) if row else ((2 if select else 3) if spread else 6), rotated_bytes=L * rows * n * 4)
     _floor(info, rows * n * 4, ceiling)
 
     def compare(got):
@@ -243,8 +245,10 @@ def _topk_case(torch, dev, job, ceiling, memo):
         bad = int((got.cpu().long() != want).any(1).sum())
         return dict(check="exact") if not bad else dict(error=f"{bad} of {rows} rows differ from the reference")
 
-    return Case(info, L, {"bar": lambda: launch_topk_linked(scores, seqlen, bufs, job.nprog, row, hist, spread)},
-                run=lambda: run_topk_linked(scores[0], seqlen, k, job.nprog, row, hist, spread), compare=compare)
+    return Case(info, L, {"bar": lambda: launch_topk_linked(scores, seqlen, bufs, job.nprog, row, hist, spread,
+                                                            select)},
+                run=lambda: run_topk_linked(scores[0], seqlen, k, job.nprog, row, hist, spread, select),
+                compare=compare)
 
 
 def mla_inputs(torch, rows, shape, L, dev, seed=0):

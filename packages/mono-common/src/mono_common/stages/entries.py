@@ -43,6 +43,7 @@ from mono_common.stages.topk import (
     topk_hist,
     topk_hist_tiles,
     topk_rows_one,
+    topk_spread_select,
     topk_spread_threshold,
     topk_spread_write,
     topk_write,
@@ -143,15 +144,19 @@ def topk_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, nc
 def topk_spread_entry(scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W: tl.constexpr,
                       TOPK: tl.constexpr, STAGE: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
     # the spread form's stages (rows of at most SHORT tokens, RK keys a tile): STAGE 0 radix pass
-    # 0 and the fine histograms (tkh, tkf zero before), 1 the threshold, 2 the write
+    # 0 and the fine histograms (tkh, tkf zero before), 1 the threshold, 2 the write; 3 the
+    # threshold and the write in one stage (`topk_spread_select`, after stage 0)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if STAGE == 0:
         topk_hist_tiles(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, W, TOPK, TKC, tkf_ptr)
     elif STAGE == 1:
         topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W, TOPK, SHORT, RK)
-    else:
+    elif STAGE == 2:
         topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, topk_ptr, W, TOPK, SHORT, RK)
+    else:
+        topk_spread_select(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W, TOPK, SHORT,
+                           RK)
 
 
 @triton.jit

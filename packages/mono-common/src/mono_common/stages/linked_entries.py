@@ -12,7 +12,8 @@ links them: what a multi-stage library stage costs with its hand-offs, and a han
       (a power of two, every row at most SPREAD tokens): radix pass 0 with the fine histograms
       (tkc_ptr holds them then: [2, W, topk.TKS_FINE] int32, zeroed as tkh), then the spread
       form's threshold and write (`topk.topk_spread_threshold` / `topk_spread_write`, RK keys a
-      tile), a hand-off after each
+      tile), a hand-off after each; with SEL the two as one stage (`topk.topk_spread_select`),
+      two hand-offs a set
   mla_entry          `stages.mla`: MODE 0 the partials only (the stage's streaming rate), 1 the
       combine only (with 0: the staged form, one launch each), 2 partials, hand-off, combine,
       hand-off; over L latent caches (set l at kv + l * kv_lstride); attn [W, NH, KVL] bf16
@@ -43,6 +44,7 @@ from mono_common.stages.topk import (
     topk_hist,
     topk_hist_tiles,
     topk_rows_one,
+    topk_spread_select,
     topk_spread_threshold,
     topk_spread_write,
     topk_spread_zero,
@@ -54,7 +56,7 @@ from mono_common.stages.topk import (
 def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_ptr, L, stride_sc: tl.constexpr,
                       nck: tl.constexpr, sc_lstride: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                       ROW: tl.constexpr = 0, HIST: tl.constexpr = False, SPREAD: tl.constexpr = 0,
-                      RK: tl.constexpr = 16):
+                      RK: tl.constexpr = 16, SEL: tl.constexpr = False):
     # strides and sizes are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -73,7 +75,14 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
             nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
             for r in range(pid, W, nprog):
                 tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
-            if SPREAD > 0:
+            if SPREAD > 0 and SEL:
+                fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
+                topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
+                topk_hist_tiles(pid, nprog, sl, stride_sc, seqlen_ptr, hb, W, TOPK, TKC, fb)
+                grid_handoff(bar_ptr, (2 * li + 1) * nprog)
+                topk_spread_select(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, topk_ptr, W, TOPK, SPREAD, RK)
+                grid_handoff(bar_ptr, (2 * li + 2) * nprog)
+            elif SPREAD > 0:
                 fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
                 topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
                 topk_hist_tiles(pid, nprog, sl, stride_sc, seqlen_ptr, hb, W, TOPK, TKC, fb)

@@ -51,7 +51,7 @@ def topk_buffers(rows: int, n: int, k: int, device, spread: bool = False) -> Top
 
 
 def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int = 0, hist: bool = False,
-                       spread: int = 0):
+                       spread: int = 0, select: bool = False):
     """One launch over the L = scores.shape[0] score sets [L, W, >= n]; bufs.topk ends as the
     last set's top-k. An odd L leaves one tkh slice dirty: the next launch on bufs would read it.
     row > 0 (a power of two at least the sets' row length): one program a row
@@ -59,7 +59,8 @@ def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int =
     and a hand-off first, its histograms seeding the rows' search (`topk.topk_row` HIST).
     spread > 0 (a power of two at least the rows' length): radix pass 0 with the fine histograms
     (bufs made with spread), then the spread form's two stages (`topk.topk_spread_threshold` /
-    `topk_spread_write`), three hand-offs a set."""
+    `topk_spread_write`), three hand-offs a set; with select the two as one stage
+    (`topk.topk_spread_select`), two hand-offs a set."""
     from mono_common.stages.linked_entries import topk_linked_entry
     from mono_common.stages.topk import spread_keys
 
@@ -72,22 +73,26 @@ def launch_topk_linked(scores, seqlen, bufs: TopkBuffers, nprog: int, row: int =
         raise ValueError("hist seeds the one-program-a-row search: give row (a power of two) with it")
     if spread and (spread & (spread - 1) or n > spread or row):
         raise ValueError(f"spread {spread} must be a power of two of at least the rows' {n} keys, without row")
+    if select and not spread:
+        raise ValueError("select is a form of the spread top-k: give spread (a power of two) with it")
     if spread and bufs.tkf is None:
         raise ValueError("spread needs the fine histograms: make the buffers with topk_buffers(..., spread=True)")
     bufs.bar.zero_()
     topk_linked_entry[(nprog,)](scores, seqlen, bufs.tkh, bufs.tkf if spread else bufs.tkc, bufs.topk, bufs.bar, L,
                                 stride_sc=scores.stride(1), nck=bufs.nck, sc_lstride=scores.stride(0), W=W,
                                 TOPK=bufs.topk.shape[1], ROW=row, HIST=hist, SPREAD=spread,
-                                RK=spread_keys(W, spread, nprog) if spread else 16, **_coop(scores.device))
+                                RK=spread_keys(W, spread, nprog) if spread else 16, SEL=select,
+                                **_coop(scores.device))
     return bufs.topk
 
 
-def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, hist: bool = False, spread: int = 0):
+def run_topk_linked(scores, seqlen, k: int, nprog: int, row: int = 0, hist: bool = False, spread: int = 0,
+                    select: bool = False):
     """[W, k] int32: the top-k of scores [W, n] as one launch of the six linked stages (row > 0:
     of one program a row, `launch_topk_linked`; hist: seeded by radix pass 0; spread > 0: the
-    spread form)."""
+    spread form; select: in one stage)."""
     bufs = topk_buffers(scores.shape[0], scores.shape[1], k, scores.device, spread=bool(spread))
-    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, hist, spread).clone()
+    return launch_topk_linked(scores[None], seqlen, bufs, nprog, row, hist, spread, select).clone()
 
 
 @dataclasses.dataclass(frozen=True)

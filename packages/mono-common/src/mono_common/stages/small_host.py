@@ -12,7 +12,8 @@ from __future__ import annotations
 
 
 def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool = False, short: int = 0,
-             once: bool = False, row: int = 0, row_hist: bool = False, spread: int = 0, rk: int = 0):
+             once: bool = False, row: int = 0, row_hist: bool = False, spread: int = 0, rk: int = 0,
+             select: bool = False):
     """first_tile > 0: the first radix pass as a producer of the scores runs it, over tiles of
     that many scores (`topk.topk_hist_first`), instead of its own stage. rt: the radix passes
     with their pass number at runtime (`topk.topk_hist` RT, as a loop over the passes runs it).
@@ -24,7 +25,8 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
     search seeded by radix pass 0's histograms, that pass launched first (`topk_row` HIST).
     spread > 0 (a power of two): where no row has more than that many tokens, radix pass 0 with
     the fine histograms, then the spread form's two stages (`topk.topk_spread_threshold` /
-    `topk_spread_write`, rk keys a tile: `topk.spread_keys` when 0) instead of the six."""
+    `topk_spread_write`, rk keys a tile: `topk.spread_keys` when 0) instead of the six; select:
+    its threshold and write as one stage (`topk.topk_spread_select`)."""
     import torch
 
     from mono_common.stages.entries import topk_entry, topk_first_entry
@@ -41,7 +43,7 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
 
         rk = rk or spread_keys(W, spread, nprog)
         tkf = torch.zeros(W, TKS_FINE.value, dtype=torch.int32, device=scores.device)
-        for stage in range(3):
+        for stage in ((0, 3) if select else (0, 1, 2)):
             topk_spread_entry[(nprog,)](scores, scores.stride(0), seqlen, tkh, tkf, topk, W=W, TOPK=k, STAGE=stage,
                                         SHORT=spread, RK=rk)
         return topk

@@ -651,15 +651,30 @@ def topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr
 
 
 @triton.jit
-def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, topk_ptr, W: tl.constexpr,
-                      TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
-    """The spread form's second stage: every row's top-TOPK placed as `topk_write` places it
-    (the keys above the threshold in index order, then its ties in index order until TOPK; a
-    row of n <= TOPK tokens takes 0..n-1 and -1 after), RK keys a tile. A tile of a long row
-    reads the threshold and the keys above it (`topk_spread_threshold`) and the row's keys
-    before the tile once (the others as KEY_NONE): one sum counts those above the threshold and
-    equal to it; the tile's own slots come from a scan of its RK keys, not of the row."""
-    tl.static_assert(SHORT < 65536, "the spread write packs counts of at most SHORT in 16 bits")
+def _low_bits(k, cand, need):
+    """The threshold's low 16 bits among the keys still in play (cand: keys sharing its top 16
+    bits) of a row held in registers, one bit a step from the top: each step one block sum of
+    the keys with the bit set, a runtime loop of 16 (compact code, a fixed amount of work
+    however many keys tie). Returns (need less the keys above the threshold, cand narrowed to
+    the keys equal to it)."""
+    for sh in range(15, -1, -1):
+        bit = ((k >> sh) & 1) != 0
+        c1 = tl.sum((cand & bit).to(tl.int32), 0)
+        take = c1 >= need
+        cand = cand & (bit == take)
+        need = tl.where(take, need, need - c1)
+    return need, cand
+
+
+@triton.jit
+def _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W: tl.constexpr,
+                  TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr, SELECT: tl.constexpr):
+    """The spread form's placing stage, RK keys a tile: a tile of a long row takes the row's
+    threshold and keys above it (SELECT: finds them itself from the histograms and the row in
+    registers; else reads `topk_spread_threshold`'s words), counts the row's keys before it above
+    and equal to the threshold in one packed sum (the others as KEY_NONE) and places its keys from
+    a scan of its own (`_place_keys`); a row of at most TOPK tokens takes 0..n-1 and -1 after."""
+    tl.static_assert(SHORT < 65536, "the spread stages pack counts of at most SHORT in 16 bits")
     rows, ns, first, cnt, total = _spread_tiles(seqlen_ptr, W, TOPK, RK, True)
     j0 = tl.arange(0, RK)
     i = tl.arange(0, SHORT)
@@ -671,14 +686,50 @@ def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, to
         if n <= TOPK:
             _place_short(out, j, n, TOPK)
         else:
-            hb = tkh_ptr + m * TKH_ROW
-            thr = tl.load(hb + TKS_WORD)
-            ngt = tl.load(hb + TKS_ABOVE)
             row_ptr = scores_ptr + m * stride_sc
-            k = tl.where(i < c0, okey32(tl.load(row_ptr + i, mask=i < c0, other=0.0)), KEY_NONE)
+            hb = tkh_ptr + m * TKH_ROW
+            if SELECT:
+                # the row requested before the histograms' dependent reads
+                k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
+                b, need, _ = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
+                b1, need, _ = _hist_digit(tl.load(tkf_ptr + m * TKS_FINE + b * 256 + tl.arange(0, 256)), need)
+                cand = (i < n) & (_fine_bin(k) == b * 256 + b1)
+                need, cand = _low_bits(k, cand, need)
+                # cand: the keys equal to the threshold, need of them still to place (at least one)
+                thr = tl.max(tl.where(cand, k, KEY_NONE), 0)
+                ngt = TOPK - need
+                k = tl.where(i < c0, k, KEY_NONE)
+            else:
+                thr = tl.load(hb + TKS_WORD)
+                ngt = tl.load(hb + TKS_ABOVE)
+                k = tl.where(i < c0, okey32(tl.load(row_ptr + i, mask=i < c0, other=0.0)), KEY_NONE)
             s = tl.sum((k > thr).to(tl.int32) + ((k == thr).to(tl.int32) << 16), 0)
-            gtb = s & 0xFFFF
             # the SHORT - c0 stand-ins equal thr only when thr is KEY_NONE itself
             eqb = (s >> 16) - tl.where(thr == KEY_NONE, SHORT - c0, 0)
             mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
-            _place_keys(out, j, mk, j < n, thr, gtb, ngt + eqb, TOPK)
+            _place_keys(out, j, mk, j < n, thr, s & 0xFFFF, ngt + eqb, TOPK)
+
+
+@triton.jit
+def topk_spread_write(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, topk_ptr, W: tl.constexpr,
+                      TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
+    """The spread form's second stage: every row's top-TOPK placed as `topk_write` places it
+    (the keys above the threshold in index order, then its ties in index order until TOPK; a
+    row of n <= TOPK tokens takes 0..n-1 and -1 after), RK keys a tile. A tile of a long row
+    reads the threshold and the keys above it (`topk_spread_threshold`) and the row's keys
+    before the tile once: one sum counts those above the threshold and equal to it; the tile's
+    own slots come from a scan of its RK keys, not of the row (`_spread_place`)."""
+    _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, None, topk_ptr, W, TOPK, SHORT, RK, False)
+
+
+@triton.jit
+def topk_spread_select(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W: tl.constexpr,
+                       TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
+    """The spread form in one stage (rows of at most SHORT tokens; radix pass 0's histograms at
+    tkh and the fine histograms at tkf complete): every tile of a long row finds the row's
+    threshold itself, then places its keys as `topk_spread_write` does (`_spread_place`).
+    Histogram 0 and the fine bins give the threshold's top 16 bits and the keys still to place
+    there (as `topk_spread_threshold`); the row, requested before those dependent reads and held
+    in registers, gives its low 16 bits one bit a step (`_low_bits`): a fixed amount of work a
+    tile, however many keys share a digit. Nothing is stored but the top-k."""
+    _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, topk_ptr, W, TOPK, SHORT, RK, True)

@@ -217,6 +217,10 @@ class Plan:
     # topk_spread_write), hand-offs 9-11 only signalled (`topk_spread`, a knob; 0: not)
     TKS: int = 0
     RKS: int = 16
+    # with TKS: each tile finds its row's threshold itself and places its keys, the top-k in
+    # stage 7 alone (mono_common.stages.topk.topk_spread_select), hand-offs 8-11 only signalled
+    # (`topk_spread_select`, a knob)
+    TSS: bool = False
     # a row top-k step's absorption and q_pe RoPE tiles beside the row top-k in stage 7, stage 4
     # the index tiles alone (`topk_row_absorb`, a knob)
     TKA: bool = False
@@ -441,6 +445,12 @@ KNOBS = {
                    "4096, session 36: 161.0 / 336.2 us against 157.5 / 282.2, the threshold stage 19.2 / 75.6 "
                    "us. The fine form, session 37, beside the radix stages in one call: 151.6 / 284.5 us against "
                    "156.7 / 286.3. A TP8 rank's sm_90 default (`default_knobs`; false: the radix stages)",
+    "topk_spread_select": "Plan.TSS, with topk_spread (named or a TP8 rank's sm_90 default): each tile of a long "
+                          "row finds the row's threshold itself (histogram 0 and the fine bins give its top 16 "
+                          "bits, the row's keys of those bits in registers its low 16, one bit a step) and places "
+                          "its keys, the top-k in stage 7 alone, hand-offs 8-11 only signalled: one hand-off and "
+                          "the thresholds' stage fewer, a fixed amount of work a tile however many keys tie (the "
+                          "same entries as the radix stages; sm_90). Not yet timed",
     "topk_row_absorb": "Plan.TKA, a step that takes the row top-k (topk_row) runs the W_UK absorption and "
                        "q_pe RoPE tiles in stage 7 on the programs without a row, beside the row top-k, and "
                        "only the index tiles in stage 4: the absorption (~6 us at 1 row) off the index scores' "
@@ -871,6 +881,15 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append(why)
         elif v:
             change.update(TKS=v, RKS=spread_keys(plan.W, v, nprog))
+    if k.get("topk_spread_select"):
+        if hip:
+            errors.append("topk_spread_select is not resource-checked on gfx950: build without it")
+        elif not change.get("TKS"):
+            errors.append("topk_spread_select is a form of the spread top-k: build it with topk_spread (a TP8 "
+                          "rank's sm_90 default), without topk_spread false, topk_row, radix_loop or "
+                          "hist_in_scores false")
+        else:
+            change["TSS"] = True
     if k.get("topk_row_absorb"):
         if hip:
             errors.append("topk_row_absorb is sm_90's (it comes with topk_row): build without it")

@@ -30,7 +30,8 @@ Stage list (index: what it does; who reads its output):
                stage 7, one program a row; hand-offs 8-11 only signal; Plan.TKA with it: stage
                4's absorption and q_pe RoPE tiles run in stage 7 on the programs without a row.
                Plan.TKS, a knob: such a step's threshold in stage 7 and its write in stage 8, on
-               every program; hand-offs 9-11 only signal)
+               every program; hand-offs 9-11 only signal; Plan.TSS with it: both in stage 7,
+               hand-offs 8-11 only signal)
   12 MLA       sparse MLA over the selected tokens, split over token chunks: each chunk's
                unnormalised output and (max, sum) per (row, head)
   13 MLACOMB   the chunks combined in chunk order, per (row, head, 64-column block) -> attn
@@ -123,6 +124,7 @@ from mono_common.stages.topk import topk_hist_fine as _topk_hist_fine
 from mono_common.stages.topk import topk_hist_first as _topk_hist_first
 from mono_common.stages.topk import topk_rows_one as _topk_rows_one
 from mono_common.stages.topk import topk_rows_short as _tk_rows_short
+from mono_common.stages.topk import topk_spread_select as _topk_spread_select
 from mono_common.stages.topk import topk_spread_threshold as _topk_spread_threshold
 from mono_common.stages.topk import topk_spread_write as _topk_spread_write
 from mono_common.stages.topk import topk_spread_zero as _topk_spread_zero
@@ -1575,26 +1577,39 @@ def _tk_short_entry(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.co
 @triton.jit
 def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                      R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
-                     TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr):
+                     TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr, TSS: tl.constexpr = False):
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS):
     stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
     zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
     the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8
     waits for the thresholds and places every row's keys (`topk_spread_write`); hand-offs 9-11
-    only signal: hand-off 12 orders the writes before the MLA as after the radix stages'."""
+    only signal: hand-off 12 orders the writes before the MLA as after the radix stages'. TSS
+    (Plan.TSS): stage 7 does both, each tile finding its row's threshold itself
+    (`topk_spread_select`), hand-offs 8-11 only signal."""
     i32 = tl.int32
     ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SYC)
-    if FIRST <= 7 and LAST >= 7:
-        if ok:
-            _topk_spread_threshold(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                                   _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKFINE, i32), W, TOPK, TKS, RKS)
-    if FIRST <= 8 and LAST >= 8:
-        if ok:
-            ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R, CLOCK, FAULT, 0, SYC)
-        if ok:
-            _topk_spread_write(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
-                               _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TOPK, i32), W, TOPK, TKS, RKS)
-    return _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK, 9)
+    if TSS:
+        if FIRST <= 7 and LAST >= 7:
+            if ok:
+                _topk_spread_select(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                                    _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKFINE, i32),
+                                    _p(row, P.TOPK, i32), W, TOPK, TKS, RKS)
+        ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK, 8)
+    else:
+        if FIRST <= 7 and LAST >= 7:
+            if ok:
+                _topk_spread_threshold(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                                       _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TKFINE, i32), W, TOPK,
+                                       TKS, RKS)
+        if FIRST <= 8 and LAST >= 8:
+            if ok:
+                ok = _sync(row, 8, epoch, nprog, pid, FUSED and FIRST < 8, R, CLOCK, FAULT, 0, SYC)
+            if ok:
+                _topk_spread_write(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
+                                   _p(row, P.SEQLEN, i32), _p(row, P.TKH, i32), _p(row, P.TOPK, i32), W, TOPK, TKS,
+                                   RKS)
+        ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK, 9)
+    return ok
 
 
 @triton.jit
@@ -1706,6 +1721,9 @@ def layer_kernel(
     # program, RKS keys a tile, and only signals hand-offs 9-11 (Plan.TKS, a measurement knob)
     TKS: tl.constexpr = 0,
     RKS: tl.constexpr = 16,
+    # with TKS: the threshold and the write in stage 7 alone, each tile finding its row's
+    # threshold itself, hand-offs 8-11 only signalled (Plan.TSS, a measurement knob)
+    TSS: tl.constexpr = False,
     # a row top-k step's absorption and q_pe RoPE tiles in stage 7 beside the row top-k, by the
     # programs without a row, stage 4 the index tiles alone (Plan.TKA, a measurement knob with TKR)
     TKA: tl.constexpr = False,
@@ -1864,7 +1882,7 @@ def layer_kernel(
     elif TKS > 0 and INDEXER:
         if _tk_spread_step(row, W, TKS, INDEXER):
             ok = _tkspread_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKS, RKS,
-                                  SY)
+                                  SY, TSS)
         else:
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
