@@ -152,8 +152,9 @@ def test_topk_spread_stages_compile_without_spills(target, stage, record_propert
     """The spread form's stages (`topk_spread_entry`: pass 0 with the fine histograms, the
     threshold, the write, the threshold and write as one stage; mono-glm53's topk_spread and
     topk_spread_select) at rows of 4096 keys, 8 rows in tiles of 128 (`topk.spread_keys` on 264
-    programs). The threshold on gfx950 spills SGPRs (Triton 3.8: the row's keys in registers
-    beside its candidate loop), so mono-glm53 refuses the knob there."""
+    programs). The threshold and the one-stage select on gfx950 spill SGPRs (Triton 3.8: the
+    row's keys in registers beside the candidate loop, or the bit steps: 41 spilled at the select),
+    so mono-glm53 refuses those knobs there."""
     from mono_common.stages import entries
 
     res = cc.compile_kernel(entries.topk_spread_entry, SPREAD_SIG, dict(W=8, TOPK=2048, STAGE=stage, SHORT=4096, RK=128),
