@@ -75,22 +75,20 @@ def topk_linked_entry(scores_ptr, seqlen_ptr, tkh_ptr, tkc_ptr, topk_ptr, bar_pt
             nb = tkh_ptr + ((li + 1) % 2) * (W * TKH_ROW)
             for r in range(pid, W, nprog):
                 tl.store(nb + r * TKH_ROW + tl.arange(0, TKH_ROW), zrow)
-            if SPREAD > 0 and SEL:
+            if SPREAD > 0:
                 fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
                 topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
                 topk_hist_tiles(pid, nprog, sl, stride_sc, seqlen_ptr, hb, W, TOPK, TKC, fb)
-                grid_handoff(bar_ptr, (2 * li + 1) * nprog)
-                topk_spread_select(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, topk_ptr, W, TOPK, SPREAD, RK)
-                grid_handoff(bar_ptr, (2 * li + 2) * nprog)
-            elif SPREAD > 0:
-                fb = tkc_ptr + (li % 2) * (W * TKS_FINE)
-                topk_spread_zero(pid, nprog, tkc_ptr + ((li + 1) % 2) * (W * TKS_FINE), W)
-                topk_hist_tiles(pid, nprog, sl, stride_sc, seqlen_ptr, hb, W, TOPK, TKC, fb)
-                grid_handoff(bar_ptr, (3 * li + 1) * nprog)
-                topk_spread_threshold(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK, SPREAD, RK)
-                grid_handoff(bar_ptr, (3 * li + 2) * nprog)
-                topk_spread_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, topk_ptr, W, TOPK, SPREAD, RK)
-                grid_handoff(bar_ptr, (3 * li + 3) * nprog)
+                if SEL:
+                    grid_handoff(bar_ptr, (2 * li + 1) * nprog)
+                    topk_spread_select(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, topk_ptr, W, TOPK, SPREAD, RK)
+                    grid_handoff(bar_ptr, (2 * li + 2) * nprog)
+                else:
+                    grid_handoff(bar_ptr, (3 * li + 1) * nprog)
+                    topk_spread_threshold(pid, nprog, sl, stride_sc, seqlen_ptr, hb, fb, W, TOPK, SPREAD, RK)
+                    grid_handoff(bar_ptr, (3 * li + 2) * nprog)
+                    topk_spread_write(pid, nprog, sl, stride_sc, seqlen_ptr, hb, topk_ptr, W, TOPK, SPREAD, RK)
+                    grid_handoff(bar_ptr, (3 * li + 3) * nprog)
             elif ROW > 0:
                 topk_hist(pid, nprog, sl, stride_sc, seqlen_ptr, hb, nck, W, TOPK, True, 0)
                 grid_handoff(bar_ptr, (2 * li + 1) * nprog)

@@ -606,6 +606,16 @@ def _spread_tiles(seqlen_ptr, W: tl.constexpr, TOPK: tl.constexpr, RK: tl.conste
 
 
 @triton.jit
+def _spread_prefix(hb, fb, TOPK: tl.constexpr):
+    """A long row's threshold's top 16 bits as its fine bin p (`_fine_bin`), from its complete
+    histogram 0 at hb (the top 8 bits) and its fine histogram at fb (the 256 bins under them):
+    (p, the keys still to place among p's, p's key count)."""
+    b, need, _ = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
+    b1, need, cp = _hist_digit(tl.load(fb + b * 256 + tl.arange(0, 256)), need)
+    return b * 256 + b1, need, cp
+
+
+@triton.jit
 def topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_ptr, W: tl.constexpr,
                           TOPK: tl.constexpr, SHORT: tl.constexpr, RK: tl.constexpr):
     """The spread form's first stage (`topk_spread` form: rows of at most SHORT tokens, radix
@@ -626,9 +636,7 @@ def topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr
     for t in range(pid, total, nprog):
         m, c, n = tk_locate(t, rows, ns, first, cnt)
         hb = tkh_ptr + m * TKH_ROW
-        b, need, _ = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
-        b1, need, cp = _hist_digit(tl.load(tkf_ptr + m * TKS_FINE + b * 256 + tl.arange(0, 256)), need)
-        p = b * 256 + b1
+        p, need, cp = _spread_prefix(hb, tkf_ptr + m * TKS_FINE, TOPK)
         row_ptr = scores_ptr + m * stride_sc
         j = c * RK + j0
         mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
@@ -691,9 +699,8 @@ def _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_pt
             if SELECT:
                 # the row requested before the histograms' dependent reads
                 k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
-                b, need, _ = _hist_digit(tl.load(hb + tl.arange(0, 256)), tl.full([], TOPK, tl.int32))
-                b1, need, _ = _hist_digit(tl.load(tkf_ptr + m * TKS_FINE + b * 256 + tl.arange(0, 256)), need)
-                cand = (i < n) & (_fine_bin(k) == b * 256 + b1)
+                p, need, _ = _spread_prefix(hb, tkf_ptr + m * TKS_FINE, TOPK)
+                cand = (i < n) & (_fine_bin(k) == p)
                 need, cand = _low_bits(k, cand, need)
                 # cand: the keys equal to the threshold, need of them still to place (at least one)
                 thr = tl.max(tl.where(cand, k, KEY_NONE), 0)

@@ -1672,11 +1672,11 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
             "TKP": False, "PFN": 0}
 
 
-# the named knobs (truthy; hist_in_scores false) each default knob yields to: a build that names
-# one of them is built without that default, as if it named it false
+# what each default knob yields to: a build naming one of these knobs with a value of that
+# truth is built without the default, as if it named it false
 _DEFAULT_YIELDS = {
-    "topk_spread": ("topk_row", "topk_row_absorb", "radix_loop", "count_in_write"),
-    "absorb_gather": (),
+    "topk_spread": {"topk_row": True, "topk_row_absorb": True, "radix_loop": True, "count_in_write": True,
+                    "hist_in_scores": False},
 }
 
 
@@ -1693,7 +1693,7 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
     A build naming `topk_row`, `topk_row_absorb`, `radix_loop` or `count_in_write`, or
     `hist_in_scores` false, takes the radix stages (`_DEFAULT_YIELDS`). Not on other shapes
     (not timed there) nor gfx950 (not resource-checked there)."""
-    if not isa.startswith("sm") or s.moe_inter_per_rank > 2 * s.block:
+    if not isa.startswith("sm") or not isa_options(isa, s)["MF16"]:
         return {}
     out: dict[str, object] = {}
     if indexer:
@@ -1704,16 +1704,11 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
 
 
 def knobs_with_defaults(defaults: dict[str, object], knobs: dict[str, object]) -> dict[str, object]:
-    """`knobs` over `defaults` (`default_knobs`): a knob named (not None) wins; a default whose
-    `_DEFAULT_YIELDS` knob is named truthy, or topk_spread beside hist_in_scores false, is left out."""
+    """`knobs` over `defaults` (`default_knobs`): a knob named (not None) wins; a default one of
+    whose `_DEFAULT_YIELDS` knobs is named with the truth listed there is left out."""
     named = {n: v for n, v in knobs.items() if v is not None}
-    out = {}
-    for n, v in defaults.items():
-        if any(named.get(y) for y in _DEFAULT_YIELDS.get(n, ())):
-            continue
-        if n == "topk_spread" and named.get("hist_in_scores") is False:
-            continue
-        out[n] = v
+    out = {n: v for n, v in defaults.items()
+           if not any(y in named and bool(named[y]) == truth for y, truth in _DEFAULT_YIELDS.get(n, {}).items())}
     return {**knobs, **out, **named}
 
 
