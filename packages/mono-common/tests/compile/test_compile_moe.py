@@ -112,3 +112,30 @@ def test_moe_entry_pipelined_down_and_fast_conversion_compile_without_spills_on_
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
     assert "mul.rn.bf16x2" in res.asm["ptx"]  # the fast conversion is in the binary
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("form", [dict(f16=True, bnd=32), dict(f16=True, bnd=64), dict(span=True, down_dot=2, bnd=64)],
+                         ids=["f16-32", "f16-64", "e4m3-64"])
+def test_moe_down_items_pipeline_their_loop_on_sm90(rows, form, record_property):
+    """down as items (`moe_down_items`, an sm_90 bench form: gfx950 spills ~80 scalar registers
+    at 8 rows, as the pipelined slot loop spills a few there): no spills, two programs an SM,
+    and its loop keeps the next item's copies in flight past each wait (the expert ids picked
+    from a register vector; loaded in the loop, an id gated the weights: async_wait num 0)."""
+    import re
+
+    from mono_common.stages.entries import moe_entry
+    from mono_common.stages.moe_host import MoePlan
+
+    p = MoePlan.make(6144, 256, 256, 8, rows, GRID["sm_90"], down_stages=3, down_items=True, **form)
+    ce = dict(W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
+              KSG=p.KSG, NSLOT=p.NSLOT, FIRST=0, LAST=2, BAR=True, SPAN=p.span, PER=p.PER, DSTG=3,
+              FASTCVT=p.FASTCVT, DIT=True, DDOT=p.down_dot)
+    res = cc.compile_kernel(moe_entry, SIG, ce, "sm_90", num_warps=p.num_warps, pointer_align=16,
+                            num_stages=STAGES["sm_90"], amd_buffer_ops=False, **OPTIONS["sm_90"])
+    record_property("resources", f"moe down items {form} r{rows}: {cc.format_resources(res)}")
+    assert res.spills == 0, cc.format_resources(res)
+    assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
+    # the items loop's waits (the ones naming the weight copies, wq or w)
+    waits = [int(n) for n in re.findall(r"= ttg\.async_wait %w[q_0-9]*[^{\n]*\{num = (\d+)", res.asm["ttgir"])]
+    assert waits and min(waits) >= 2, waits

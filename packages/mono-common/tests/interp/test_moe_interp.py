@@ -112,10 +112,13 @@ def test_moe_span_gateup_matches_the_reference_and_the_tiles(pattern, W, K, npro
 @pytest.mark.parametrize("form", [dict(down_stages=3), dict(down_stages=2, fastcvt=True),
                                   dict(down_stages=3, down_step=2), dict(gate_stages=3),
                                   dict(down_stages=3, down_ids=True), dict(down_stages=3, down_step=2, down_ids=True),
-                                  dict(f16=True), dict(down_stages=3, down_step=2, f16=True, gate_dot=1)],
+                                  dict(f16=True), dict(down_stages=3, down_step=2, f16=True, gate_dot=1),
+                                  dict(down_stages=3, down_step=4, down_ids=True, bnd=16),
+                                  dict(down_stages=3, down_items=True), dict(down_stages=2, down_items=True, bnd=16)],
                          ids=["down-pipelined", "down-pipelined-fastcvt", "down-two-slots", "gate-pipelined",
                               "down-ids-in-registers", "down-two-slots-ids-in-registers", "f16",
-                              "f16-two-slots-swap-ab"])
+                              "f16-two-slots-swap-ab", "down-four-slots-16-columns", "down-items",
+                              "down-items-16-columns"])
 @pytest.mark.parametrize("pattern,W,K,ksg", [("distinct", 3, 4, None), ("distinct", 2, 4, 2), ("overlap", 4, 3, None),
                                              ("empty", 2, 2, None)],
                          ids=["distinct", "distinct-splitk", "overlap-zero-weight", "shared-only"])
@@ -139,6 +142,21 @@ def test_moe_loop_forms_give_the_same_bits(form, pattern, W, K, ksg):
     _compare(got[0], ref)
 
 
+def test_moe_down_items_on_one_program_give_the_same_bits():
+    # one program runs every item (ns * 8 of them: more than the 64 arrivals of one RMW), so
+    # it arrives in several vector RMWs and combines every tile itself
+    g = torch.Generator().manual_seed(5)
+    experts, shared = _weights(1, seed=6)
+    W, K = 3, 4
+    ids, wts = _lists("distinct", W, K, g)
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    want = run_moe(MoePlan.make(H, I, E, K, W, nprog=1), x, ids[None], wts[None], experts, shared, SCALE, staged=True)
+    plan = MoePlan.make(H, I, E, K, W, nprog=1, down_stages=2, down_items=True)
+    assert (1 + W * K) * (H // plan.BND) > 64
+    got = run_moe(plan, x, ids[None], wts[None], experts, shared, SCALE, staged=True)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.parametrize("bn,span,gdot", [(64, False, 1), (128, False, 1), (128, True, 1), (64, True, 0)],
                          ids=["tiles-wx64", "tiles-wx128", "spans-wx128", "spans-xw64"])
 def test_moe_bf16_gateup_forms_match_the_reference(bn, span, gdot):
@@ -154,9 +172,35 @@ def test_moe_bf16_gateup_forms_match_the_reference(bn, span, gdot):
     _compare(got, moe_over_slots(x, ids, wts, experts, tuple(t[0] for t in shared), SCALE))
 
 
+@pytest.mark.parametrize("bnd", [32, 64])
+def test_moe_e4m3_down_items_match_the_reference(bnd):
+    # down's items on e4m3 MMAs (the weights on the M side): under the interpreter the e4m3
+    # dot is exact fp32 on the upcasts, so the reference's bound holds (on sm_90 the MMA's own
+    # accumulation differs: the GPU test bounds that)
+    g = torch.Generator().manual_seed(41)
+    experts, shared = _weights(1, seed=8)
+    W, K = 3, 4
+    ids, wts = _lists("overlap", W, K, g)
+    x = torch.randn(W, H, generator=g).to(torch.bfloat16)
+    plan = MoePlan.make(H, I, E, K, W, nprog=3, down_stages=2, down_items=True, down_dot=2, bnd=bnd)
+    got = run_moe(plan, x, ids[None], wts[None], experts, shared, SCALE, staged=True)[0]
+    _compare(got, moe_over_slots(x, ids, wts, experts, tuple(t[0] for t in shared), SCALE))
+
+
 def test_moe_loop_form_options_are_checked():
     with pytest.raises(ValueError, match="down step"):
         MoePlan.make(H, I, E, 2, 1, 4, down_step=2)
+    with pytest.raises(ValueError, match="down step"):
+        MoePlan.make(H, I, E, 2, 1, 4, down_stages=3, down_step=3)
+    for kw in (dict(), dict(down_stages=3, down_ids=True), dict(down_stages=3, down_step=2)):
+        with pytest.raises(ValueError, match="down_items is its own down loop"):
+            MoePlan.make(H, I, E, 2, 1, 4, down_items=True, **kw)
+    for kw in (dict(down_dot=1), dict(down_dot=2, down_stages=3), dict(down_dot=2, down_stages=3, down_items=True,
+                                                                       f16=True)):
+        with pytest.raises(ValueError, match="down MMA form"):
+            MoePlan.make(H, I, E, 2, 1, 4, **kw)
+    with pytest.raises(ValueError, match="down_items combines at most 8 rows"):
+        MoePlan.make(H, I, E, 2, 9, 4, down_items=True, down_stages=3)
     with pytest.raises(ValueError, match="MMA form"):
         MoePlan.make(H, I, E, 2, 1, 4, gate_dot=2)  # the e4m3 form is the spans' only
     with pytest.raises(ValueError, match="depths"):
@@ -234,6 +278,8 @@ def test_plan_refuses_bad_shapes():
         MoePlan.make(H, I, E, 2, 1, 4, span=True, per=0)
     with pytest.raises(ValueError, match="multiple of 16"):
         MoePlan.make(H, I, E, 2, 1, 4, span=True, bn=100)
+    with pytest.raises(ValueError, match="down tile 256 is wider than the scale block 128"):
+        MoePlan.make(H, I, E, 2, 1, 4, bnd=256)
 
 
 def test_span_plan_partials_and_default_span_length():

@@ -230,6 +230,21 @@ def test_biased_routing_matches_the_reference(rows):
     assert used.tolist() == (want > 0).any(0).int().tolist()
 
 
+def test_biased_routing_sums_split_k_partials_in_slot_order():
+    # 7 partials of [3 -> 4 rows, 256]: unrolled groups of 4 and a remainder of 3, each added
+    # in slot order, so the routing is that of the partials' sequential fp32 sum
+    E, top_k, ksr = 256, 8, 7
+    g = torch.Generator().manual_seed(11)
+    parts = torch.randn(ksr, 3, E, generator=g)
+    bias = torch.randn(E, generator=g) * 0.1
+    total = torch.zeros(3, E)
+    for p in parts:
+        total = total + p
+    w, used = H.run_routing(parts, bias, top_k)
+    want_w, want_used = H.run_routing(total, bias, top_k)
+    assert torch.equal(w, want_w) and torch.equal(used, want_used)
+
+
 def test_rows_that_are_not_live_route_to_no_expert():
     # a decode step's pad rows: no weights, no expert marked used on their account; the live
     # rows route exactly as without the mask

@@ -159,3 +159,16 @@ def test_without_a_gpu_the_bench_says_so(capsys):
         pytest.skip("a GPU is visible")
     assert B.main(["--stages", "handoff"]) == 2
     assert "needs a GPU" in capsys.readouterr().err
+
+
+def test_every_expert_variant_plans_at_every_shape_and_row_count():
+    """Each EXPERT_VARIANTS entry is a valid MoePlan at every bench shape and row count (a
+    variant whose options contradict each other would only fail on the GPU, as its row)."""
+    from mono_common.bench.expert import EXPERT_SHAPES, EXPERT_VARIANTS
+    from mono_common.stages.moe_host import MoePlan
+
+    for name, opts in EXPERT_VARIANTS.items():
+        for H, I, E, K in EXPERT_SHAPES.values():  # noqa: E741
+            for rows in (1, 2, 8):
+                plan = MoePlan.make(H, I, E, K, rows, 264, **opts)
+                assert plan.NSLOT == 1 + min(E, rows * K), name

@@ -562,35 +562,54 @@ def test_absorb_gather_sums_q_nope_once_a_tile_and_gives_the_default_bits(width,
     assert torch.equal(qa, qb) and not torch.isnan(qb.float()).any()
 
 
-def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
-    """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
-    slot's counter back to zero. Three steps in a row, the last from a restart near the stage
-    counters' 2**31 wrap (`set_sync`), with the SiLU buffers zeroed before each step, give the
-    default's outputs and caches. So the SiLU ran in every step, and the counters are zero
-    after every launch."""
+def _counted_steps_give_the_default_bits(knob, field, scratch, counters_from, seed):
+    """A knob whose stage counts arrivals on counter words that are zero between launches:
+    three steps, the last from a restart near the stage counters' 2**31 wrap (`set_sync`), with
+    the knob's scratch buffers zeroed before each step, give the default's outputs and caches
+    (so the knob's work ran in every step), and leave the counter words from `counters_from`
+    at zero after every launch."""
     import torch
 
     from mono_glm53.kernels.harness import build_case, kernel_out
     from mono_glm53.kernels.layer import GlmLayerKernel
-    from mono_glm53.kernels.stages import SLOTC
 
     s = tiny(moe_inter=64)
-    c = build_case(s, 2, 40, True, seed=23)
+    c = build_case(s, 2, 40, True, seed=seed)
     got = {}
-    for fold in (False, True):
-        k = GlmLayerKernel(s, c.w, 2, max_seq_len=40, nprog=7, device="cpu", silu_fold=fold)
-        assert k.plan.SFO == fold
-        got[fold] = []
+    for on in (False, True):
+        k = GlmLayerKernel(s, c.w, 2, max_seq_len=40, nprog=7, device="cpu", **{knob: on})
+        assert getattr(k.plan, field) == on
+        got[on] = []
         for step in range(3):
             if step == 2:
                 k.set_sync(2 ** 31 // 7 - 1)
-            k.inter.zero_()
-            k.inters.zero_()
-            got[fold].append(kernel_out(c, k, "staged"))
-            assert (k.cnt[SLOTC.value:] == 0).all(), step
+            for name in scratch:
+                getattr(k, name).zero_()
+            got[on].append(kernel_out(c, k, "staged"))
+            assert (k.cnt[counters_from:] == 0).all(), step
     for (a, ca), (b, cb) in zip(got[False], got[True]):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k)
+
+
+def test_silu_fold_runs_each_slots_silu_every_step_and_gives_the_default_bits():
+    """silu_fold (Plan.SFO): each slot's last gate_up tile runs the slot's SiLU and sets the
+    slot's counter back to zero: the default's bits in three steps with the SiLU buffers
+    zeroed before each (`_counted_steps_give_the_default_bits`)."""
+    from mono_glm53.kernels.stages import SLOTC
+
+    _counted_steps_give_the_default_bits("silu_fold", "SFO", ("inter", "inters"), SLOTC.value, 23)
+
+
+def test_down_items_sum_each_column_tile_once_and_give_the_default_bits():
+    """down_items (Plan.DIT): down's (column tile, slot) items over every program, each tile
+    summed by its last item's program, which sets the tile's counter back to zero: the
+    default's bits in three steps with the weighted tiles zeroed before each, every tile
+    counter at zero after each (`_counted_steps_give_the_default_bits`). 32-column tiles: the
+    tiny shape's scale block is 32; the 64-column tiles are the GPU knob set's."""
+    from mono_glm53.kernels.stages import DITC
+
+    _counted_steps_give_the_default_bits("down_items", "DIT", ("mz",), DITC.value, 29)
 
 
 def test_first_radix_pass_in_the_scores_and_the_radix_loop_give_the_default_bits():

@@ -310,6 +310,22 @@ def test_tp_ranks_all_reduce_in_kernel(world):
         assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
 
 
+def test_tp8_ranks_all_reduce_in_kernel_with_down_items():
+    """down_items at world 8: a tile's last item's program (not the tile's owner) pushes it to
+    the all-reduce; every rank equals decoder_layer_tp within NUMERICS and all ranks hold the
+    same bits, with random stage delays (64-column tiles: the all-reduce's blocks too)."""
+    from mono_glm53.config import REAL
+    from mono_glm53.kernels.harness import run_tp_case
+    from mono_glm53.kernels.numerics import failures
+
+    for rows in (2, 1):
+        m = run_tp_case(REAL, 8, 2, rows, 4096, full_weights=_full_weights(), seed=8 + rows, delay=20000,
+                        knobs={"down_items": 64})
+        _report(f"TP8 side by side down_items 64 w2 rows {rows} ctx 4096", m)
+        assert not failures(m), (rows, m)
+        assert m["glm53_layer.tp_ranks_equal.max_abs"] == 0.0, m
+
+
 @pytest.mark.parametrize("stage,knobs", [(12, {}), (12, {"sync_call": True}), (8, {"sync_call": True, "radix_loop": True})],
                          ids=["inline", "sync_call", "sync_call-radix_loop"])
 def test_injected_wait_fault_names_the_stage_and_the_kernel_recovers(monkeypatch, stage, knobs):

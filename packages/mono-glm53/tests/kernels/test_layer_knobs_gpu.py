@@ -42,6 +42,11 @@ KNOB_SETS = {
     # down's slot ids read once as a vector: the next slot's copies in flight (two slots a
     # step at 8 rows, one at 2)
     "down_ids": dict(down_ids=True),
+    # down as (column tile, slot) items in equal spans, each tile summed by its last item's
+    # program (a counter a tile, set back to zero by it): 32- and 64-column tiles (64 sets the
+    # all-reduce's blocks too)
+    "down_items": dict(down_items=True),
+    "down_items64": dict(down_items=64),
     # the top-k's write counting the rows itself (ctx 4096: every row, the count stage and its
     # wait left out)
     "count_in_write": dict(count_in_write=True),

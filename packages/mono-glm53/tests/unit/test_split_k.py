@@ -426,6 +426,32 @@ def test_down_ids_is_a_knob_of_the_pipelined_down_loop_only():
             _with_knobs(plan, s, 264, {"down_ids": True, "down_step": 3}, hip=hip)
 
 
+def test_down_items_sets_its_tile_and_is_a_knob_of_the_pipelined_down_only():
+    """down_items sets Plan.DIT with 32-column tiles (true or 32) or 64 (BND, the all-reduce's
+    blocks too), its loop as deep as the slot loop's (DSTG: 3 at a TP8 rank on sm_90, 3 where
+    down is not pipelined, a TP4 rank); another tile and gfx950 are refused with the reason;
+    off changes nothing."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
+    sm = dataclasses.replace(make_plan(tp8, 8, True, 264), **isa_options("sm_90", tp8))
+    assert not sm.DIT and sm.BND == 32
+    for v, bnd in ((True, 32), (32, 32), (64, 64)):
+        p = _with_knobs(sm, tp8, 264, {"down_items": v})
+        assert p.DIT and p.BND == bnd
+    assert _with_knobs(sm, tp8, 264, {"down_items": False}) == sm
+    with pytest.raises(ValueError, match=r"down_items 48 is not true, 32 or 64"):
+        _with_knobs(sm, tp8, 264, {"down_items": 48})
+    small = dataclasses.replace(sm, BLK=32)  # a tile spans one scale block
+    with pytest.raises(ValueError, match=r"down_items 64 is wider than the weights' scale block 32"):
+        _with_knobs(small, tp8, 264, {"down_items": 64})
+    sm4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
+    assert not sm4.DSTG and _with_knobs(sm4, tp4, 264, {"down_items": True}).DSTG == 3
+    hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
+    with pytest.raises(ValueError, match=r"down_items is an sm_90 form"):
+        _with_knobs(hip, tp8, 264, {"down_items": True}, hip=True)
+
+
 def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
     """count_in_write sets Plan.TKW (true: 4096); a value that is not a power of two in 16..8192
     is refused with what the knob takes, and gfx950 refuses it (not resource-checked there)."""

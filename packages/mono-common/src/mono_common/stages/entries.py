@@ -31,7 +31,7 @@ from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
 from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_span_call, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
-from mono_common.stages.moe import fill_slots, moe_down, moe_gateup, moe_silu, slot_lists
+from mono_common.stages.moe import fill_slots, moe_down, moe_down_items, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.numerics import CVT_F16
 from mono_common.stages.prefetch import prefetch_range
@@ -204,8 +204,9 @@ def hadamard_entry(x_ptr, out_ptr, hscale, D: tl.constexpr):
 # The slots of `moe_entry`'s pointer table (int64 each): every tensor of the stage, the lists,
 # shared experts, slot tables and outputs of L steps back to back (`stages.moe_host`).
 (MOE_IDS, MOE_WTS, MOE_XQ, MOE_XS, MOE_W13, MOE_S13, MOE_W2, MOE_S2, MOE_WSH13, MOE_SSH13, MOE_WSH2, MOE_SSH2,
- MOE_GU, MOE_INTER, MOE_INTERS, MOE_SLOT_E, MOE_SLOT_W, MOE_NSLOT, MOE_OUT, MOE_BAR) = (tl.constexpr(i) for i in range(20))
-MOE_NPTR = 20
+ MOE_GU, MOE_INTER, MOE_INTERS, MOE_SLOT_E, MOE_SLOT_W, MOE_NSLOT, MOE_OUT, MOE_BAR, MOE_Z,
+ MOE_DCNT) = (tl.constexpr(i) for i in range(22))
+MOE_NPTR = 22
 # The slots read at any element offset (single words: nothing to vectorise, no alignment hint)
 MOE_UNALIGNED = (MOE_IDS.value, MOE_WTS.value, MOE_SLOT_E.value, MOE_SLOT_W.value, MOE_NSLOT.value)
 
@@ -228,7 +229,8 @@ def _moe_step(tab, li, arrived, routed_scale,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
               LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
               DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
-              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False):
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False,
+              DIT: tl.constexpr = False, DDOT: tl.constexpr = 0):
     """Step li of `moe_entry`; `arrived`: the hand-off count so far (returned updated)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -263,7 +265,13 @@ def _moe_step(tab, li, arrived, routed_scale,
     if FIRST <= 1 and LAST >= 2:
         arrived += nprog
         grid_handoff(_tp(tab, MOE_BAR, i32), arrived)
-    if LAST == 2:
+    if LAST == 2 and DIT:
+        moe_down_items(pid, nprog, _tp(tab, MOE_INTER, xdt), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
+                       _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l,
+                       _tp(tab, MOE_SSH2, f32) + l64 * ss2_l, se, sw, ns, _tp(tab, MOE_Z, tl.bfloat16),
+                       _tp(tab, MOE_DCNT, i32), _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM,
+                       H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DDOT=DDOT)
+    if LAST == 2 and not DIT:
         moe_down(pid, nprog, _tp(tab, MOE_INTER, xdt), _tp(tab, MOE_INTERS, f32), _tp(tab, MOE_W2, u8),
                  _tp(tab, MOE_S2, f32), _tp(tab, MOE_WSH2, u8) + l64 * sh2_l, _tp(tab, MOE_SSH2, f32) + l64 * ss2_l,
                  se, sw, ns, _tp(tab, MOE_OUT, tl.bfloat16) + l64 * (W * H), routed_scale, W, BM, H, I, BND, BLK,
@@ -281,7 +289,8 @@ def moe_entry(tab, routed_scale, L0, L,
               BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, FIRST: tl.constexpr,
               LAST: tl.constexpr, BAR: tl.constexpr, SPAN: tl.constexpr = False, PER: tl.constexpr = 1,
               DSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1,
-              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False):
+              GDOT: tl.constexpr = 0, GSTG: tl.constexpr = 0, IDV: tl.constexpr = False,
+              DIT: tl.constexpr = False, DDOT: tl.constexpr = 0):
     """Stages FIRST..LAST of `stages.moe` (0 gate_up, 1 SiLU, 2 down) for steps L0..L0+L-1.
     Step l reads its lists ids / wts [l] [W, K], the routed experts they name from the one pool
     w13 / w2 (lists naming other experts each step rotate the reads through it) and its own
@@ -294,11 +303,12 @@ def moe_entry(tab, routed_scale, L0, L,
     down's slot loop pipelined DSTG deep, DSTEP slots an iteration; FASTCVT: e4m3 weights
     converted on sm_90's integer and bf16 pipes (1), or to f16 for f16 MMAs (2, the quantised
     x and SiLU output then f16 too); GDOT / GSTG: gate_up's MMA form and k-loop
-    depth; IDV: down's pipelined loop picks the expert ids from registers (`stages.moe`)."""
+    depth; IDV: down's pipelined loop picks the expert ids from registers (`stages.moe`); DIT:
+    down as items (`stages.moe.moe_down_items`, DSTG its loop's depth, DDOT its MMA form)."""
     arrived = tl.program_id(0) * 0  # an int32 tensor: a loop-carried value keeps one type
     # no loop-invariant code motion: the lane masks and offsets of the three stages do not
     # change from step to step, and hoisted out of the loop they held gfx950's scalar registers
     # through every stage (40 SGPR spills at the TP8 rank shape, 2 rows)
     for li in tl.range(L0, L0 + L, disable_licm=True):
         arrived = _moe_step(tab, li, arrived, routed_scale, W, BM, WP2, H, E, K, I, BN, BND, BI, BLK, KSG, NSLOT,
-                            FIRST, LAST, BAR, SPAN, PER, DSTG, FASTCVT, DSTEP, GDOT, GSTG, IDV)
+                            FIRST, LAST, BAR, SPAN, PER, DSTG, FASTCVT, DSTEP, GDOT, GSTG, IDV, DIT, DDOT)

@@ -40,8 +40,9 @@ conversion unit for f16 MMAs (FASTCVT `numerics.CVT_F16`: the same exact product
 import triton
 import triton.language as tl
 
+from mono_common.device.allreduce import allreduce_push
 from mono_common.device.guard import arrive_last
-from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, gemv_span, gemv_tile
+from mono_common.stages.gemv import DOT_WX_FP8, FMT_FP8, _kblock, gemv_span, gemv_tile
 from mono_common.stages.numerics import bf16r, div_rn, dot_as, e4m3_operand, quant_blocks, rbf
 from mono_common.stages.prefetch import prefetch_range
 
@@ -330,7 +331,7 @@ def _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_pt
                          NSLOT: tl.constexpr, DSTG: tl.constexpr, FASTCVT: tl.constexpr, DSTEP: tl.constexpr = 1,
                          exs=None, sidx=None):
     """`moe_down`'s column tile t with the slots as one loop that Triton pipelines (num_stages
-    DSTG), DSTEP (1 or 2) slots an iteration, each slot's K blocks unrolled and every load of a
+    DSTG), DSTEP (1, 2 or 4) slots an iteration, each slot's K blocks unrolled and every load of a
     slot unconditional (`_down_slot_y`). Same sums in the same order as the unpipelined form.
 
     What Triton makes of it (sm_90 TTGIR, Triton 3.6, the GLM-5.3 TP8 layer, session 19): with
@@ -349,16 +350,14 @@ def _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_pt
     shared = tl.zeros([BM, BND], tl.float32)
     routed = tl.zeros([BM, BND], tl.float32)
     for u in tl.range(0, ns, DSTEP, num_stages=DSTG):
-        y = _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
-                         cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
-        wr = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
-        shared = tl.where(u == 0, y, shared)
-        routed += tl.where(((wr != 0.0) & (u > 0))[:, None], bf16r(y * wr[:, None]), 0.0)
-        if DSTEP == 2:
-            y1 = _down_slot_y(u + 1, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows,
-                              rmask, cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
-            wr1 = tl.load(slot_w_ptr + rows * NSLOT + u + 1, mask=rmask & (u + 1 < ns), other=0.0)
-            routed += tl.where((wr1 != 0.0)[:, None], bf16r(y1 * wr1[:, None]), 0.0)
+        # the iteration's slots in slot order: the sum is the one-slot loop's whatever DSTEP
+        for j in tl.static_range(DSTEP):
+            y = _down_slot_y(u + j, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows,
+                             rmask, cols, cb, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
+            wr = tl.load(slot_w_ptr + rows * NSLOT + u + j, mask=rmask & (u + j < ns), other=0.0)
+            if j == 0:
+                shared = tl.where(u == 0, y, shared)
+            routed += tl.where(((wr != 0.0) & (u + j > 0))[:, None], bf16r(y * wr[:, None]), 0.0)
     out = bf16r(routed * routed_scale) + shared
     tl.store(o_ptr + rows[:, None] * H + cols[None, :], rbf(out), mask=rmask[:, None])
 
@@ -422,3 +421,137 @@ def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_p
                 routed += tl.where((wr1 != 0.0)[:, None], bf16r(y1 * wr1[:, None]), 0.0)
         out = bf16r(routed * routed_scale) + shared
         tl.store(o_ptr + rows[:, None] * H + cols[None, :], rbf(out), mask=rmask[:, None])
+
+
+@triton.jit
+def moe_down_items(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
+                   nslot_ptr, z_ptr, cnt_ptr, o_ptr, routed_scale,
+                   W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                   BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, DSTG: tl.constexpr = 3,
+                   FASTCVT: tl.constexpr = False, R: tl.constexpr = 1, epoch=0, mbox_tab=None, flag_tab=None,
+                   rank=0, RP2: tl.constexpr = 1, DDOT: tl.constexpr = 0):
+    """`moe_down` as items: item i = (BND-column tile i // ns, slot i % ns) of the NT * ns items
+    (NT = H // BND), tile-major, cut into one equal span a program, so every program reads
+    about the same bytes whatever NT and ns are (the slot loop's NT tiles leave programs idle
+    where NT is not a multiple of the grid). An item writes its slot's weighted tile z_u [W,
+    BND] (bf16: bf16(y_u * w_u) per row, 0 where the row did not select the expert; slot 0 the
+    shared expert's y_0) to z [NSLOT, W, H] bf16. The items' loop holds no sum, so Triton
+    pipelines it DSTG deep. Then the span's tiles arrive on their counters (cnt_ptr int32
+    [NT], zero between launches), each with its item count, PT tiles an RMW; a tile's last
+    arrival sums its ns slots in slot order from the L2 (`_down_combine`: the bits of
+    `moe_down`) into o and sets the counter back to zero. A tile's items are consecutive, so
+    its last arrival is one of at most two programs (slot-major items left every tile's last
+    arrival to the few programs of the last slot: 163 against 56 us at 8 rows, H100).
+
+    DDOT: the items' MMA form, 0 as `moe_down` (FASTCVT's conversion, exact products), or
+    `gemv.DOT_WX_FP8`: both operands e4m3 on FP8 tensor cores, weights on the M side (the dense
+    GEMVs' form: no conversion instructions, but their in-MMA accumulation is not exact fp32,
+    so other bits than `moe_down`'s).
+
+    R > 1 (a TP all-reduce in the kernel): o is this rank's partial, and the program that
+    combined a tile pushes it to every rank (`allreduce_push` of that one tile; epoch,
+    mbox_tab, flag_tab, rank, RP2 as its own); the caller then runs `allreduce_sum`."""
+    NT: tl.constexpr = H // BND
+    ns = tl.load(nslot_ptr)
+    total = ns * NT
+    per = (total + nprog - 1) // nprog
+    i0 = pid * per
+    i1 = tl.minimum(i0 + per, total)
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    cols0 = tl.arange(0, BND)
+    kk = tl.arange(0, BLK)
+    # the slots' expert ids read once as a vector and picked in registers: loaded in the loop,
+    # an id gated its item's weight addresses and the loop waited for every copy at the top of
+    # each item (sm_90 TTGIR, Triton 3.8: async_wait num 0), one memory round trip an item
+    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else 128))
+    tl.static_assert(NSLOT <= 128, "down_items takes at most 128 slots")
+    sidx = tl.arange(0, NSP2)
+    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+    for i in tl.range(i0, i1, num_stages=DSTG):
+        t = i // ns
+        u = i % ns
+        cols = t * BND + cols0
+        if DDOT == DOT_WX_FP8:
+            y = _down_slot_y_fp8(u, ns, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask, cols,
+                                 exs, sidx, W, BM, H, I, BND, BLK)
+        else:
+            y = _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows,
+                             rmask, cols, (t * BND) // BLK, kk, W, BM, H, I, BND, BLK, FASTCVT, exs, sidx)
+        wr = tl.load(slot_w_ptr + rows * NSLOT + u, mask=rmask, other=0.0)
+        z = tl.where(u == 0, y, tl.where((wr != 0.0)[:, None], bf16r(y * wr[:, None]), 0.0))
+        tl.store(z_ptr + (u * W + rows[:, None]) * H + cols[None, :], rbf(z), mask=rmask[:, None])
+    # the span's tiles arrive PT at a time, each once with its item count
+    PT: tl.constexpr = 16
+    lane = tl.arange(0, PT)
+    t0 = i0 // ns
+    t1 = (i1 + ns - 1) // ns
+    for c0 in range(t0, t1, PT):
+        tiles = c0 + lane
+        mine = tiles < t1
+        cnt = tl.minimum(i1, (tiles + 1) * ns) - tl.maximum(i0, tiles * ns)
+        tl.debug_barrier()  # every thread's z stores before the arrivals (as `arrive_last`)
+        old = tl.atomic_add(cnt_ptr + tiles, cnt, mask=mine, sem="acq_rel", scope="gpu")
+        last = mine & (old + cnt == ns)
+        j = tl.min(tl.where(last, lane, PT), 0)
+        if j < PT:
+            tl.debug_barrier()  # every thread reads behind the acquire
+        while j < PT:
+            t = c0 + j
+            _down_combine(t, ns, z_ptr, o_ptr, routed_scale, W, H, BND, NSLOT)
+            tl.store(cnt_ptr + t + lane, tl.zeros([PT], tl.int32), mask=lane == 0)
+            if R > 1:
+                tl.debug_barrier()  # the combined tile's stores before the push reads them
+                ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
+                allreduce_push(o_ptr, H, W, epoch, mbox_tab, flag_tab, rank, t, NT, H, BND, ARM, R, RP2, True)
+            last = last & (lane != j)
+            j = tl.min(tl.where(last, lane, PT), 0)
+
+
+@triton.jit
+def _down_slot_y_fp8(u, ns, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask, cols, exs, sidx,
+                     W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr, BND: tl.constexpr,
+                     BLK: tl.constexpr):
+    """Slot u's bf16-rounded down tile [BM, BND] on e4m3 MMAs (`gemv._kblock` DOT_WX_FP8: the
+    weights [BND, BLK] a K block on the M side), every load unconditional as `_down_slot_y`'s
+    (a u past the last slot reads slot ns - 1 again), the expert id picked from exs."""
+    EB2: tl.constexpr = H * I
+    NKB: tl.constexpr = (I + BLK - 1) // BLK
+    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    uc = tl.minimum(u, ns - 1)
+    ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
+    wb = tl.where(uc == 0, wsh2_ptr, w2_ptr + ex * EB2)
+    sb = tl.where(uc == 0, ssh2_ptr, s2_ptr + ex * SB2)
+    kk = tl.arange(0, BLK)
+    cmask = cols < H
+    acc = tl.zeros([BND, BM], tl.float32)
+    for kb in tl.static_range(NKB):
+        w = tl.load(wb + cols[:, None].to(tl.int64) * I + kb * BLK + kk[None, :])
+        acc = _kblock(acc, w, kb, inter_ptr + uc * (W * I), I, inters_ptr + uc * (W * NKB), sb, cols, cmask, rows,
+                      rmask, I, BM, BLK, FMT_FP8, True, DOT_WX_FP8)
+    return bf16r(tl.trans(acc))
+
+
+@triton.jit
+def _down_combine(t, ns, z_ptr, o_ptr, routed_scale, W: tl.constexpr, H: tl.constexpr, BND: tl.constexpr,
+                  NSLOT: tl.constexpr):
+    """Column tile t of the MoE output from its slots' weighted tiles z [NSLOT, W, H] bf16:
+    bf16(bf16(sum of z_u over u = 1..ns-1 in slot order) * routed_scale) + z_0, as `moe_down`.
+    The loads go in groups of G unrolled (G * RP * BND <= 4096 values), slots past ns masked
+    to zero (an exact +0.0 add: the sum starts at +0.0 and cannot become -0.0)."""
+    RP: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)
+    tl.static_assert(W <= 8, "the down combine takes at most 8 rows")
+    G: tl.constexpr = max(1, min(NSLOT, 4096 // (RP * BND)))
+    rows = tl.arange(0, RP)
+    rmask = rows < W
+    cols = t * BND + tl.arange(0, BND)
+    base = z_ptr + rows[:, None] * H + cols[None, :]
+    shared = tl.load(base, mask=rmask[:, None], other=0.0).to(tl.float32)
+    routed = tl.zeros([RP, BND], tl.float32)
+    for s0 in range(1, NSLOT, G):
+        for g in tl.static_range(G):
+            routed += tl.load(base + (s0 + g) * (W * H), mask=rmask[:, None] & (s0 + g < ns),
+                              other=0.0).to(tl.float32)
+    out = bf16r(routed * routed_scale) + shared
+    tl.store(o_ptr + rows[:, None] * H + cols[None, :], rbf(out), mask=rmask[:, None])
+

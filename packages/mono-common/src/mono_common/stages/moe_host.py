@@ -44,13 +44,17 @@ class MoePlan:
     PER: int = 1  # (column tile, K block) items a gate_up span (span only)
     down_stages: int = 0  # down's slot loop pipelined this deep, every load (0: one slot after another)
     fastcvt: bool = False  # e4m3 weights converted on sm_90's integer and bf16 pipes (`numerics.e4m3_bf16`)
-    down_step: int = 1  # slots an iteration of the pipelined down loop (1 or 2)
+    down_step: int = 1  # slots an iteration of the pipelined down loop (1, 2 or 4)
     gate_dot: int = 0  # gate_up's MMA form: 0 x @ w^T, 1 swap-AB w @ x^T (bf16), 2 swap-AB e4m3 (span default)
     gate_stages: int = 0  # gate_up's k-loops pipelined this deep with every load (0: Triton's default)
     down_ids: bool = False  # the pipelined down loop picks the slots' expert ids from registers (moe_down IDV)
     # e4m3 weights converted to f16 on sm_90's conversion unit for f16 MMAs (FASTCVT numerics.CVT_F16),
     # xq and inter held as f16 bits in their bf16 buffers (`pointer_table`): the same exact products
     f16: bool = False
+    # down as items (`moe.moe_down_items`: (slot, column tile) items in equal spans, each tile
+    # combined by its last item's program), its loop pipelined down_stages deep
+    down_items: bool = False
+    down_dot: int = 0  # down_items' MMA form: 0 as gate_dot 0 (exact products), 2 e4m3 swap-AB
 
     @property
     def FASTCVT(self) -> int:
@@ -77,7 +81,7 @@ class MoePlan:
              blk: int = 128, ksg: int | None = None, num_warps: int = 4, span: bool = False,
              per: int | None = None, down_stages: int = 0, fastcvt: bool = False, down_step: int = 1,
              gate_dot: int | None = None, gate_stages: int = 0, down_ids: bool = False,
-             f16: bool = False) -> MoePlan:
+             f16: bool = False, down_items: bool = False, down_dot: int = 0) -> MoePlan:
         """`span`: gate_up as stream-K spans of `per` items (default: the shared expert's and one
         row's top-k items over the grid, as split-K picks its factor), BN 128 unless given;
         else split-K tiles, BN 64 unless given. `down_stages`: down's slot loop pipelined this
@@ -89,18 +93,28 @@ class MoePlan:
                              "e4m3 MMA form (gate_dot 2, the span default)")
         if down_stages < 0 or gate_stages < 0:
             raise ValueError(f"pipelining depths {down_stages}, {gate_stages} must be 0 (off) or more")
-        if down_step not in (1, 2) or (down_step == 2 and not down_stages):
-            raise ValueError(f"down step {down_step}: 1, or 2 with a pipelined down loop (down_stages > 0)")
+        if down_step not in (1, 2, 4) or (down_step > 1 and not down_stages):
+            raise ValueError(f"down step {down_step}: 1, or 2 or 4 with a pipelined down loop (down_stages > 0)")
         if down_ids and not down_stages:
             raise ValueError("down_ids is a form of the pipelined down loop: give down_stages > 0")
+        if down_items and (down_ids or down_step > 1 or not down_stages):
+            raise ValueError("down_items is its own down loop: give down_stages > 0 (its depth), without down_ids "
+                             "or down_step")
+        if down_dot not in (0, 2) or (down_dot and (not down_items or f16)):
+            raise ValueError(f"down MMA form {down_dot}: 0, or 2 (e4m3) with down_items and without f16")
+        if down_items and W > 8:
+            raise ValueError(f"down_items combines at most 8 rows, not {W}")
         if gate_dot is None:
             gate_dot = 2 if span else 0
         if gate_dot not in ((0, 1, 2) if span else (0, 1)):
             raise ValueError(f"gate_up MMA form {gate_dot}: 0 (x @ w^T), 1 (w @ x^T) or, spans only, 2 (e4m3 w @ x^T)")
         loop = dict(down_stages=down_stages, fastcvt=fastcvt, down_step=down_step, gate_dot=gate_dot,
-                    gate_stages=gate_stages, down_ids=down_ids, f16=f16)
+                    gate_stages=gate_stages, down_ids=down_ids, f16=f16, down_items=down_items,
+                    down_dot=down_dot)
         if H % blk or H % bnd:
             raise ValueError(f"hidden {H} must be a multiple of the block {blk} and of the down tile {bnd}")
+        if bnd > blk:
+            raise ValueError(f"down tile {bnd} is wider than the scale block {blk}: a tile reads one block's scale")
         if E & (E - 1):
             raise ValueError(f"expert count {E} must be a power of two (pad the pool)")
         bi = min(128, I)
@@ -144,6 +158,9 @@ def alloc_buffers(plan: MoePlan, L: int, device) -> dict:
         nslot=torch.zeros(L, dtype=torch.int32, **z),
         out=torch.zeros(L, p.W, p.H, dtype=torch.bfloat16, **z),
         bar=torch.zeros(2, dtype=torch.int32, **z),
+        # down_items' weighted slot tiles and column-tile counters (zero between launches)
+        z=torch.zeros(p.NSLOT, p.W, p.H, dtype=torch.bfloat16, **z),
+        dcnt=torch.zeros(p.H // p.BND, dtype=torch.int32, **z),
     )
 
 
@@ -185,7 +202,7 @@ def pointer_table(plan: MoePlan, xq, xs, ids, wts, experts, shared, bufs: dict):
         EN.MOE_WSH13: shared[0], EN.MOE_SSH13: shared[1], EN.MOE_WSH2: shared[2], EN.MOE_SSH2: shared[3],
         EN.MOE_GU: bufs["gu"], EN.MOE_INTER: bufs["inter"], EN.MOE_INTERS: bufs["inters"],
         EN.MOE_SLOT_E: bufs["slot_e"], EN.MOE_SLOT_W: bufs["slot_w"], EN.MOE_NSLOT: bufs["nslot"],
-        EN.MOE_OUT: bufs["out"], EN.MOE_BAR: bufs["bar"],
+        EN.MOE_OUT: bufs["out"], EN.MOE_BAR: bufs["bar"], EN.MOE_Z: bufs["z"], EN.MOE_DCNT: bufs["dcnt"],
     }
     ptrs = [0] * EN.MOE_NPTR
     for slot, t in by_slot.items():
@@ -197,12 +214,14 @@ def pointer_table(plan: MoePlan, xq, xs, ids, wts, experts, shared, bufs: dict):
 
 
 def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: float, bufs: dict,
-               staged: bool = False, barrier: bool = False, tab=None):
+               staged: bool = False, barrier: bool = False, tab=None, stages: tuple[int, int] = (0, 2)):
     """One launch over the L = ids.shape[0] steps (`stages.entries.moe_entry`), its three stages
     linked by grid hand-offs; `staged`: one launch a stage and step instead (no hand-off, the
     interpreter's mode). xq: x's e4m3 values as bf16 [W, H], xs their fp32 scales. `barrier`:
     a hand-off after each step too. `tab`: the pointer table when the caller keeps one (a
-    captured graph must not rebuild it). Returns bufs["out"] [L, W, H] bf16."""
+    captured graph must not rebuild it). `stages`: (first, last) of a fused launch, the others
+    left out (a bench times gate_up (0, 0) or down (2, 2) alone; down reads the slot tables and
+    SiLU output an earlier whole launch left). Returns bufs["out"] [L, W, H] bf16."""
     import torch
 
     from mono_common.stages.entries import moe_entry
@@ -211,8 +230,11 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
     if (plan.fastcvt or plan.f16) and xq.device.type == "cuda" and torch.version.hip:
         raise ValueError("fastcvt and f16 are sm_90's conversions: a HIP device converts with the plain cast "
                          "(fastcvt=False, f16=False)")
-    if staged and barrier:
-        raise ValueError("a staged launch has no hand-offs (barrier needs the fused launch)")
+    if staged and (barrier or tuple(stages) != (0, 2)):
+        raise ValueError("a staged launch has no hand-offs and runs every stage (barrier and stages need the "
+                         "fused launch)")
+    if not 0 <= stages[0] <= stages[1] <= 2:
+        raise ValueError(f"stages {stages} is not (first, last) with 0 <= first <= last <= 2")
     p = plan
     L = ids.shape[0]
     if tab is None:
@@ -229,13 +251,13 @@ def launch_moe(plan: MoePlan, xq, xs, ids, wts, experts, shared, routed_scale: f
     # staged: step by step, since the steps share the scratch (gu, inter) that a stage's
     # launch over every step would overwrite before the next stage read it
     for l0, n in [(li, 1) for li in range(L)] if staged else [(0, L)]:
-        for first, last in ((0, 0), (1, 1), (2, 2)) if staged else ((0, 2),):
+        for first, last in ((0, 0), (1, 1), (2, 2)) if staged else (tuple(stages),):
             moe_entry[(p.nprog,)](
                 tab, float(routed_scale), l0, n,
                 W=p.W, BM=p.BM, WP2=p.WP2, H=p.H, E=p.E, K=p.K, I=p.I, BN=p.BN, BND=p.BND, BI=p.BI, BLK=p.BLK,
                 KSG=p.KSG, NSLOT=p.NSLOT, FIRST=first, LAST=last, BAR=barrier, SPAN=p.span, PER=p.PER,
                 DSTG=p.down_stages, FASTCVT=p.FASTCVT, DSTEP=p.down_step, GDOT=p.gate_dot, GSTG=p.gate_stages,
-                IDV=p.down_ids,
+                IDV=p.down_ids, DIT=p.down_items, DDOT=p.down_dot,
                 num_warps=p.num_warps, **opts)
     return bufs["out"]
 

@@ -67,18 +67,20 @@ def run_topk(scores, seqlen, k: int, nprog: int, first_tile: int = 0, rt: bool =
 
 
 def run_routing(logits, bias, top_k: int, live=None):
-    """live [W] (optional): which rows route (nonzero); the others get no weights."""
+    """logits [W, E], or [KSR, W, E] split-K partials (summed in slot order by the kernel); live
+    [W] (optional): which rows route (nonzero); the others get no weights."""
     import torch
 
     from mono_common.stages.entries import routing_entry
 
-    W, E = logits.shape
+    ksr = logits.shape[0] if logits.dim() == 3 else 1
+    W, E = logits.shape[-2:]
     w = torch.zeros(W, E, dtype=torch.float32, device=logits.device)
     used = torch.zeros(E, dtype=torch.int32, device=logits.device)
     bm = 1 << max(0, (W - 1).bit_length())
     lv = used if live is None else live.to(device=logits.device, dtype=torch.int32).contiguous()
     routing_entry[(1,)](logits.float().contiguous(), bias.float().contiguous(), w, used, lv, W=W, BM=bm, E=E,
-                        TOPE=top_k, KSR=1, LIVE=live is not None)
+                        TOPE=top_k, KSR=ksr, LIVE=live is not None)
     return w, used
 
 

@@ -384,7 +384,7 @@ def fenced_case(s: GlmLayerShape, width: int, rows: int, ctx: int, indexer: bool
 def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: int,
                 full_weights=None, device="cuda", seed: int = 0, delay: int = 0,
                 expect_stop: bool = False, deadline_s: float = 2.0,
-                rank_deadline_s: dict[int, float] | None = None) -> dict[str, float]:
+                rank_deadline_s: dict[int, float] | None = None, knobs: dict | None = None) -> dict[str, float]:
     """`world` TP ranks of one layer side by side on ONE GPU: each rank's kernel (its weight
     shard, its copy of the caches, nprog = default_nprog // world programs) runs in one launch
     (`layer.launch_side_by_side`) and the ranks all-reduce inside the kernel through
@@ -398,7 +398,8 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     "words": every rank's decoded error word (None where a rank wrote none)} instead of
     metrics (the launch raises: the guard is in report mode, checked after the launch).
     rank_deadline_s: {rank: seconds} for ranks whose waits get another deadline than
-    `deadline_s` (a rank that must stop on another rank's abort flag, not on its own clock)."""
+    `deadline_s` (a rank that must stop on another rank's abort flag, not on its own clock).
+    knobs: GlmLayerKernel's knobs for every rank."""
     from mono_common.errors import MonoDeviceError
     from mono_common.guard_host import Guard, deadline_ticks
     from mono_common.peer import allocate_local
@@ -417,7 +418,8 @@ def run_tp_case(s_full: GlmLayerShape, world: int, width: int, rows: int, ctx: i
     guard = Guard(world, device=device, deadline_s=deadline_s, mode="report",
                   stage_names=dict(enumerate(STAGE_NAMES)))
     ks = [GlmLayerKernel(shapes[r], ws[r], width, max_seq_len=ctx, indexer=True, nprog=grid // world,
-                         device=device, world=world, peers=peers[r], guard=guard, cooperative=False)
+                         device=device, world=world, peers=peers[r], guard=guard, cooperative=False,
+                         **(knobs or {}))
           for r in range(world)]
     for r, sec in (rank_deadline_s or {}).items():
         ks[r].deadline = deadline_ticks(sec, guard.clock)

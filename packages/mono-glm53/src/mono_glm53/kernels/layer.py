@@ -178,6 +178,10 @@ class Plan:
     # down's slot loop with the slots' expert ids read once as a vector, so its next slot's
     # copies stay in flight (`down_ids`, a knob of the pipelined loop: DSTG > 0)
     DIDV: bool = False
+    # down as (column tile, slot) items in equal spans, each BND-column tile summed by its last
+    # item's program (`down_items`, a knob of sm_90 at a TP8 rank; mono-common
+    # `moe_down_items`): the same sums in the same order
+    DIT: bool = False
     # rows of at most TKW tokens counted by the top-k's write stage from their keys, the count
     # stage's hand-off only signalled in a step with no longer row (`count_in_write`, a knob;
     # 0: the count stage counts every row)
@@ -386,6 +390,11 @@ KNOBS = {
                  "False: the bf16 form)",
     "down_ids": "Plan.DIDV, down's pipelined slot loop (sm_90 at a TP8 rank) with the slots' expert ids read "
                 "once as a vector, so the next slot's copies stay in flight: the same sums in the same order",
+    "down_items": "Plan.DIT (and BND), down as (column tile, slot) items dealt in equal spans over every "
+                  "program, each column tile summed in slot order by its last item's program (mono-common "
+                  "moe_down_items, its loop pipelined DSTG deep, 3 where the build has no pipelined down; sm_90; true "
+                  "or 32: 32-column tiles, 64: 64-column tiles, the all-reduce's blocks too): the same sums in the "
+                  "same order",
     "count_in_write": "Plan.TKW, the top-k's write stage counting a row of at most this many tokens (a power of two "
                       "in 16..8192; true: 4096) from its keys, the count stage and its wait left out in a step with "
                       "no longer row (sm_90): the same entries",
@@ -694,6 +703,27 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("down_ids is a form of down's pipelined slot loop, which this build does not have "
                           "(sm_90 at a TP8 rank): build without it")
         change["DIDV"] = bool(k["down_ids"])
+    if k.get("down_items"):
+        from mono_glm53.kernels.stages import CNT_WORDS, DITC
+
+        bnd = 32 if k["down_items"] is True else k["down_items"]
+        if hip:
+            errors.append("down_items is an sm_90 form (gfx950 spills ~80 scalar registers at 8 rows): build "
+                          "without it")
+        elif bnd not in (32, 64):
+            errors.append(f"down_items {k['down_items']!r} is not true, 32 or 64 (its column tile)")
+        elif bnd > plan.BLK:
+            errors.append(f"down_items {bnd} is wider than the weights' scale block {plan.BLK}: take 32 or less")
+        elif plan.W > 8:
+            errors.append(f"down_items combines at most 8 rows, not {plan.W}")
+        elif plan.H % bnd or plan.H // bnd > CNT_WORDS.value - DITC.value:
+            errors.append(f"down_items counts {plan.H} / {bnd} column tiles; the counter buffer holds "
+                          f"{CNT_WORDS.value - DITC.value}")
+        else:
+            change["DIT"] = True
+            change["BND"] = bnd
+            # the items' loop depth: the slot loop's where this build pipelines it
+            change["DSTG"] = plan.DSTG or 3
     if k.get("silu_fold"):
         from mono_glm53.kernels.stages import CNT_WORDS, SLOTC
 
@@ -1218,6 +1248,8 @@ class GlmLayerKernel:
         self.nslot = z(1, dtype=i32)
         self.inter = z(p.NSLOT, W, p.I, dtype=bf16)
         self.inters = z(p.NSLOT, W, p.I // p.BLK)
+        # Plan.DIT: each slot's weighted down tiles, summed per column tile in slot order
+        self.mz = z(p.NSLOT, W, s.hidden, dtype=bf16) if p.DIT else z(8, dtype=bf16)
         # all-reduce scratch (R > 1): point 1's bf16 partial and sum, point 2's bf16 partial
         # (postnorm_split: ap holds the rows' chunk sums of squares at one rank)
         nar = W * s.hidden if world > 1 or p.PNS else 16
@@ -1288,7 +1320,8 @@ class GlmLayerKernel:
         wrap = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31  # noqa: E731
         self.epoch.fill_(wrap(epoch))
         self.cnt.fill_(wrap(epoch * self.nprog))
-        # the MoE slots' tile counters (Plan.SFO) are zero between launches whatever the epoch
+        # the MoE slots' and down's tile counters (Plan.SFO, DIT) are zero between launches
+        # whatever the epoch
         from mono_glm53.kernels.stages import SLOTC
 
         self.cnt[SLOTC.value:] = 0
@@ -1415,7 +1448,7 @@ class GlmLayerKernel:
             self.resid1, self.hn, self.hnq, self.hns, self.qkva, self.ikw, self.qn, self.qnq, self.qns, self.rope, self.iwraw, self.qb, self.iq,
             self.qabs, self.iq8, self.iwt, self.scores, self.tkh, self.tkc, self.tkf, self.part, self.ml,
             self.attn, self.ov, self.op, self.h2, self.h2q, self.h2s, self.lg, self.gu, self.slot_e, self.slot_w,
-            self.nslot, self.inter, self.inters, self.ap, self.ar1, self.dp,
+            self.nslot, self.inter, self.inters, self.mz, self.ap, self.ar1, self.dp,
             self.cnt, self.epoch, abort, abort_tab, errs, *self.ar_tabs, self.stamps,
         ]
 

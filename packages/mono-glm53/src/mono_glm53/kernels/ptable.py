@@ -91,6 +91,7 @@ SLOTS = (
     ("nslot", "i32"),
     ("inter", "bf16"),
     ("inters", "fp32"),
+    ("mz", "bf16"),
     ("ap", "bf16"),
     ("ar1", "bf16"),
     ("dp", "bf16"),

@@ -92,6 +92,7 @@ from mono_common.stages.mla import mla_combined_cols
 from mono_common.stages.mla import mla_partial as stage_mla
 from mono_common.stages.moe import fill_slots as _fill_slots
 from mono_common.stages.moe import moe_down as _moe_down
+from mono_common.stages.moe import moe_down_items as _moe_down_items
 from mono_common.stages.moe import moe_gateup as _moe_gateup
 from mono_common.stages.moe import moe_silu as stage_silu
 from mono_common.stages.moe import prefetch_slots as _prefetch_slots
@@ -152,8 +153,11 @@ FIXOP = tl.constexpr(64)
 # the MoE slots' gate_up tile counters (Plan.SFO: the SiLU folded into gate_up), one word a
 # slot from here, up to 128 slots; zero between launches
 SLOTC = tl.constexpr(192)
+# down's column-tile counters (Plan.DIT: `moe_down_items`), one word a tile from here, up to
+# 192 tiles; zero between launches
+DITC = tl.constexpr(320)
 # the counter buffer's words (GlmLayerKernel.cnt)
-CNT_WORDS = tl.constexpr(320)
+CNT_WORDS = tl.constexpr(512)
 # Where a fused launch requests its own weights into the L2 (Plan.PFS, a bit each; sm_90 with
 # PFN >= 0): at its start (q_a/kv_a and the index wk / weights_proj), after q_a/kv_a (q_b and
 # the index wq_b), after absorb or else after the index scores (o_proj, the router, the shared
@@ -1133,21 +1137,30 @@ def stage_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2
                W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
                BND: tl.constexpr, BLK: tl.constexpr, NSLOT: tl.constexpr, R: tl.constexpr,
                RP2: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, DSTG: tl.constexpr = 0,
-               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False):
+               FASTCVT: tl.constexpr = False, DSTEP: tl.constexpr = 1, IDV: tl.constexpr = False,
+               z_ptr=None, dcnt_ptr=None, DIT: tl.constexpr = False):
     # R > 1: this rank's partial goes to dp, which all-reduce point 2 sums into out
     if R > 1:
         o_ptr = dp_ptr
     else:
         o_ptr = out_ptr
-    _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
-              nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP, IDV)
+    # DIT (Plan.DIT, a knob): (column tile, slot) items in equal spans, each tile summed by its
+    # last item's program, which pushes it to the all-reduce itself (R > 1)
+    if DIT:
+        _moe_down_items(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr,
+                        slot_w_ptr, nslot_ptr, z_ptr, dcnt_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT,
+                        DSTG, FASTCVT, R, epoch, mbox_tab, flag_tab, rank, RP2)
+    else:
+        _moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, slot_e_ptr, slot_w_ptr,
+                  nslot_ptr, o_ptr, routed_scale, W, BM, H, I, BND, BLK, NSLOT, DSTG, FASTCVT, DSTEP, IDV)
     # TP all-reduce point 2 (R > 1): this rank's bf16 MoE partial, pushed per BND-column tile
     # by the program that computed it, summed in rank order into the layer output
     ok = True
     if R > 1:
         tl.debug_barrier()
         ARM: tl.constexpr = 2 if W <= 2 else (4 if W <= 4 else 8)  # mailbox rows (pow2 >= W)
-        allreduce_push(dp_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, BND, ARM, R, RP2, True)
+        if not DIT:
+            allreduce_push(dp_ptr, H, W, epoch, mbox_tab, flag_tab, rank, pid, nprog, H, BND, ARM, R, RP2, True)
         ok = allreduce_sum(out_ptr, H, W, epoch, mbox_tab, flag_tab, abort_ptr, abort_tab, err_ptr, rank,
                            pid, nprog, 20, deadline, H, BND, ARM, R, RP2, R, CLOCK, FAULT, True, tl.bfloat16)
     return ok
@@ -1688,6 +1701,9 @@ def layer_kernel(
     # down's slot loop with the slots' expert ids read once as a vector (Plan.DIDV, a
     # measurement knob; `mono_common.stages.moe.moe_down` IDV)
     DIDV: tl.constexpr = False,
+    # down as (column tile, slot) items in equal spans, each tile summed by its last item's
+    # program (Plan.DIT, a measurement knob; `mono_common.stages.moe.moe_down_items`)
+    DIT: tl.constexpr = False,
     # the top-k write counting rows of at most TKW tokens itself (Plan.TKW, a measurement knob;
     # 0: the count stage counts every row; `mono_common.stages.topk` SHORT)
     TKW: tl.constexpr = 0,
@@ -1997,6 +2013,7 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP, DIDV)
+                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP, DIDV, _p(row, P.MZ, bf16),
+                            _p(row, P.CNT, i32) + DITC, DIT)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
