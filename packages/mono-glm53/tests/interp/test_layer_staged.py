@@ -509,6 +509,27 @@ def test_mla_chunk_meets_the_reference(knobs):
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
 
 
+# seed 11 at one row: at 1 row, ctx 40, 5 programs the default's staged launch itself misses the
+# top-k overlap bound with seeds 12, 13 and 15 (0.75-0.81), while its top-k is exact on its own
+# scores (own-order violation 0, scores equal to the reference's on the kernel's q): near-ties
+# at the threshold that the reference's own e4m3 q resolves otherwise, the likely cause (not yet
+# examined further, session 38)
+@pytest.mark.parametrize("width,rows,seed,knobs", [(2, 2, 13, {"gateup_spans": True, "gateup_bn": 64}),
+                                                   (2, 1, 11, {"gateup_spans": True, "gateup_bn": 32,
+                                                               "gateup_dot": 0})],
+                         ids=["64-swap-ab", "32-x-w"])
+def test_gateup_spans_meet_the_reference(width, rows, seed, knobs):
+    """gateup_spans (Plan.GSP): gate_up as stream-K spans dealt over the slots in use (at 2 rows
+    more slots than one row's, so programs run several spans; one row beside a pad row), their
+    partials summed by the SiLU stage: exact products summed in another order than the tiles',
+    so within the bounds the default's staged launch meets, with the MoE's own checks given the
+    kernel's h2. (The tiny shape's scale block is 32: tiles of at most 64 columns.)"""
+    s = tiny(moe_inter=64)
+    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=5, seed=seed, knobs=knobs)
+    assert not failures(m), m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+
+
 @pytest.mark.parametrize("width,rows", [(2, 2), (4, 3)])
 def test_norm_in_router_norms_in_the_routers_programs_and_gives_the_default_bits(width, rows):
     """norm_in_router (Plan.NIR): the norm stage writes nothing, the router's programs derive

@@ -112,6 +112,12 @@ def test_mla_chunk_matches_reference(width, ct):
     _check_reference("tp8i", width, 4096, knobs={"mla_chunk": ct, "mlacomb_vec": True})
 
 
+# gateup_spans: gate_up as 128-column stream-K spans on f16 swap-AB MMAs (exact products summed
+# in another order than the split-K tiles'): the same checks, at the served TP8 shard
+def test_gateup_spans_match_reference():
+    _check_reference("tp8i", 2, 4096, knobs={"gateup_spans": True})
+
+
 # mlacomb_vec: the MLA combine's chunks as one load and block reductions (sums in their own
 # order): the same checks, at 1000 tokens too (fewer selected tokens than the top-k: chunks
 # with nothing valid)

@@ -452,6 +452,35 @@ def test_down_items_sets_its_tile_and_is_a_knob_of_the_pipelined_down_only():
         _with_knobs(hip, tp8, 264, {"down_items": True}, hip=True)
 
 
+def test_gateup_spans_cut_one_rows_slots_into_one_span_a_program():
+    """gateup_spans sets Plan.GSP with 128-column swap-AB spans (gateup_bn / gateup_dot change
+    them), PERG the items of one row's 1 + top_k slots over the grid and KSG the partial slots a
+    column tile can then receive; with gateup_split, silu_fold, a bad tile, over width 2 or on
+    gfx950 it is refused with the reason."""
+    from mono_common.stages.gemv import span_slots
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    tp8 = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("sm_90", tp8))
+    p = _with_knobs(sm, tp8, 264, {"gateup_spans": True})
+    kb = tp8.hidden // tp8.block
+    assert p.GSP and p.BNG == 128 and p.GDOT == 1
+    assert p.PERG == -(-(1 + tp8.top_k) * (2 * tp8.moe_inter_per_rank // 128) * kb // 264)
+    assert p.KSG == span_slots(tp8.hidden, tp8.block, p.PERG)
+    q = _with_knobs(sm, tp8, 264, {"gateup_spans": True, "gateup_bn": 64, "gateup_dot": 0})
+    assert q.BNG == 64 and q.GDOT == 0 and q.PERG > p.PERG // 2
+    for bad, msg in (({"gateup_split": 3}, "has no split-K"), ({"silu_fold": True}, "silu_fold counts split-K"),
+                     ({"gateup_bn": 48}, "gateup_bn 48 is not 16, 32, 64 or 128")):
+        with pytest.raises(ValueError, match=msg):
+            _with_knobs(sm, tp8, 264, {"gateup_spans": True, **bad})
+    w4 = dataclasses.replace(make_plan(tp8, 4, True, 264), **isa_options("sm_90", tp8))
+    with pytest.raises(ValueError, match="gateup_spans is a form for widths up to 2, not 4"):
+        _with_knobs(w4, tp8, 264, {"gateup_spans": True})
+    hip = dataclasses.replace(make_plan(tp8, 2, True, 264), **isa_options("gfx950", tp8))
+    with pytest.raises(ValueError, match="gateup_spans is not resource-checked on gfx950"):
+        _with_knobs(hip, tp8, 264, {"gateup_spans": True}, hip=True)
+
+
 def test_count_in_write_takes_true_or_a_power_of_two_and_is_refused_on_gfx950():
     """count_in_write sets Plan.TKW (true: 4096); a value that is not a power of two in 16..8192
     is refused with what the knob takes, and gfx950 refuses it (not resource-checked there)."""

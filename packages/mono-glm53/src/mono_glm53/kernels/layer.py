@@ -149,6 +149,10 @@ class Plan:
     # gate_up's MMA form and column tile (0: BN): `gateup_dot`, `gateup_bn`, knobs
     GDOT: int = 0
     BNG: int = 0
+    # gate_up as stream-K spans of PERG items, KSG then their partial slots (`gateup_spans`, a
+    # knob; mono-common `moe_gateup` SPAN)
+    GSP: bool = False
+    PERG: int = 1
     # a measurement probe (`code_pad`, a knob): |PADKB| KB of code every program runs after
     # hand-off PADS, straight-line (PADKB > 0) or as a hot loop of the same steps (< 0)
     PADS: int = 0
@@ -368,6 +372,10 @@ KNOBS = {
                       "False: a stage of its own)",
     "gateup_dot": "Plan.GDOT, gate_up's MMA form (0: x @ w^T, 1: swap-AB, both bf16)",
     "gateup_bn": "Plan.BNG, gate_up's column tile (16, 32, 64 or 128; its split-K follows unless set)",
+    "gateup_spans": "Plan.GSP, PERG: gate_up as stream-K spans dealt over the slots in use, every program the same "
+                    "bytes (mono-common moe_gateup SPAN; sm_90): 128-column tiles and swap-AB MMAs unless gateup_bn / "
+                    "gateup_dot say otherwise, one span a program for one row's slots; widths up to 2; exact products "
+                    "summed in another order than the split-K tiles', so other bits",
     "hw_quant": "Plan.HWQ, the producers' e4m3 roundings on sm_90's conversion unit (False: the integer form)",
     "radix_loop": "Plan.TKL, the top-k's radix passes as one loop over one copy of their code",
     "next_layer_prefetch": "Plan.NXS, the stage (mla, gateup or down) after whose hand-off every program requests "
@@ -951,6 +959,28 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             change["BNG"] = int(bn)
             if "gateup_split" not in k:
                 change["KSG"] = _gateup_split(s, bn, nprog)
+    if k.get("gateup_spans"):
+        bn = int(k.get("gateup_bn", 128))
+        if hip:
+            errors.append("gateup_spans is not resource-checked on gfx950: build without it")
+        elif "gateup_split" in k:
+            errors.append("gateup_spans has no split-K (its partial count follows from the span length): "
+                          "drop gateup_split")
+        elif k.get("silu_fold"):
+            errors.append("silu_fold counts split-K tiles, not spans: build gateup_spans without it")
+        elif bn % 16 or bn > 2 * s.block:
+            errors.append(f"gateup_spans takes a column tile of a multiple of 16 up to {2 * s.block}, not {bn}")
+        elif plan.W > 2:
+            # a form for 1-2 rows: alone at 8 rows the spans were slower (86 against 79 us, H100,
+            # session 38), and the served TP8 build spills with them at widths 4 and 8 (4 and 24
+            # bytes, Triton 3.8; none at width 2)
+            errors.append(f"gateup_spans is a form for widths up to 2, not {plan.W}: build width {plan.W} "
+                          "without it")
+        else:
+            # one row's slots (the shared expert and top_k) cut into one span a program
+            per = _cdiv((1 + s.top_k) * _cdiv(2 * s.moe_inter_per_rank, bn) * kb, nprog)
+            change.update(GSP=True, PERG=per, BNG=bn, GDOT=int(k.get("gateup_dot", 1)),
+                          KSG=span_slots(s.hidden, s.block, per))
     if errors:
         raise ValueError("mono-glm53 layer kernel: " + "; ".join(errors))
     return dataclasses.replace(plan, **change)

@@ -1104,7 +1104,7 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
                  BLK: tl.constexpr, KSG: tl.constexpr, NSLOT: tl.constexpr, PF: tl.constexpr,
                  FASTCVT: tl.constexpr = False, GDOT: tl.constexpr = 0, fold_ptr=None, inter_ptr=None,
                  inters_ptr=None, BI: tl.constexpr = 128, HWQ: tl.constexpr = False,
-                 PFN: tl.constexpr = 0):
+                 PFN: tl.constexpr = 0, SPAN: tl.constexpr = False, PER: tl.constexpr = 1):
     # GDOT (Plan.GDOT; BN is Plan.BNG when set): gate_up's MMA form (`moe_gateup`), a
     # measurement knob; fold_ptr (Plan.SFO, a measurement knob): the slots' tile counters, each
     # slot's last tile running its SiLU (`moe_gateup`'s fold)
@@ -1123,7 +1123,8 @@ def stage_gateup(pid, nprog, lg_ptr, bias_ptr, h2q_ptr, h2s_ptr, w13_ptr, s13_pt
     # (requesting their gate_up rows first too made gate_up slower: 40 against 34 us at 2 rows,
     # H200 stamps, session 12: its tiles wait on their own loads either way)
     _moe_gateup(pid, nprog, used, csum, nu, h2q_ptr, h2s_ptr, w13_ptr, s13_ptr, wsh13_ptr, ssh13_ptr, gu_ptr,
-                W, BM, H, E, I, BN, BLK, KSG, NSLOT, FASTCVT=FASTCVT, GDOT=GDOT, fold_ptr=fold_ptr,
+                W, BM, H, E, I, BN, BLK, KSG, NSLOT, SPAN=SPAN, PER=PER, FASTCVT=FASTCVT, GDOT=GDOT,
+                fold_ptr=fold_ptr,
                 inter_ptr=inter_ptr, inters_ptr=inters_ptr, BI=BI, HW=HWQ)
     q, n, on = _pf_programs(pid, nprog, PFN)
     if on:
@@ -1677,6 +1678,9 @@ def layer_kernel(
     # the top-k's first radix pass in the index scores (Plan.TKF: sm_90's default), gate_up's
     # MMA form and column tile (Plan.GDOT, BNG: 0 the default BN: measurement knobs)
     TKF: tl.constexpr = False, GDOT: tl.constexpr = 0, BNG: tl.constexpr = 0,
+    # gate_up as stream-K spans of PERG (column tile, K block) items (Plan.GSP, PERG: the knob
+    # `gateup_spans`; `mono_common.stages.moe.moe_gateup` SPAN)
+    GSP: tl.constexpr = False, PERG: tl.constexpr = 1,
     # a measurement probe (Plan.PADS, PADKB): |PADKB| KB of code run by every program after
     # hand-off PADS (`_code_pad`; 0: none)
     PADS: tl.constexpr = 0, PADKB: tl.constexpr = 0,
@@ -1989,7 +1993,7 @@ def layer_kernel(
                          W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT,
                          PF and FUSED and (PFS & PFS_DOWN) != 0, MCVT,
                          GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
-                         _p(row, P.INTERS, f32), BI, HWQ, PFN)
+                         _p(row, P.INTERS, f32), BI, HWQ, PFN, GSP, PERG)
     if FIRST <= 19 and LAST >= 19:
         # SFO: the SiLU ran in gate_up (each slot's last tile), this stage is empty
         if ok:
