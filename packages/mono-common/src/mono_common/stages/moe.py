@@ -34,7 +34,9 @@ timing. Reference: `mono_common.ref.moe`.
 Loop forms (constexprs, the same sums in the same order): down's slots as one pipelined loop
 (DSTG deep, DSTEP slots an iteration), gate_up's MMA form and k-loop depth (GDOT, GSTG), and
 the e4m3 weights converted on sm_90's integer and bf16 pipes (FASTCVT True), or to f16 on its
-conversion unit for f16 MMAs (FASTCVT `numerics.CVT_F16`: the same exact products).
+conversion unit for f16 MMAs (FASTCVT `numerics.CVT_F16`: the same exact products). Down as
+items (`moe_down_items`: (column tile, slot) items in equal spans, each tile summed by its last
+item's program) needs z [NSLOT, W, H] bf16 and int32 column-tile counters [H // BND] besides.
 """
 
 import triton
