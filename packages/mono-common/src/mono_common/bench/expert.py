@@ -92,10 +92,15 @@ def _fp8_bits(torch, shape, device, gen):
     return v.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
+def gate_up_bytes(H: int, I: int, blk: int = 128) -> int:  # noqa: E741
+    """Bytes one FP8 block expert's gate_up reads: its [2I, H] weights and fp32 scales."""
+    return 2 * I * H + 4 * -(-2 * I // blk) * -(-H // blk)
+
+
 def expert_bytes(H: int, I: int, blk: int = 128) -> int:  # noqa: E741
-    """Bytes one FP8 block expert reads: gate_up and down weights and their fp32 scales."""
-    nb_h, nb_i, nb_2i = -(-H // blk), -(-I // blk), -(-2 * I // blk)
-    return 3 * I * H + 4 * (nb_2i * nb_h + nb_h * nb_i)
+    """Bytes one FP8 block expert reads: gate_up's (`gate_up_bytes`) and down's [H, I] weights
+    and fp32 scales."""
+    return gate_up_bytes(H, I, blk) + I * H + 4 * -(-H // blk) * -(-I // blk)
 
 
 def _steps(torch, E, K, rows, per_step, gen, device):
@@ -137,8 +142,7 @@ def bench_expert(torch, dev, nprog, ceiling, replays, shapes=None, rows_list=(1,
     for name in shapes or EXPERT_SHAPES:
         H, I, E, K = EXPERT_SHAPES[name]  # noqa: E741
         eb = expert_bytes(H, I)
-        # gate_up's part of an expert's bytes (2I x H weights and their scales; down the rest)
-        gate_share = (2 * I * H + 4 * -(-2 * I // 128) * (H // 128)) / eb
+        gate_share = gate_up_bytes(H, I) / eb  # gate_up's part of an expert's bytes, down the rest
         experts = (_fp8_bits(torch, (E, 2 * I, H), dev, gen),
                    torch.rand((E, -(-2 * I // 128), H // 128), generator=gen, device=dev) * 1e-3 + 1e-4,
                    _fp8_bits(torch, (E, H, I), dev, gen),

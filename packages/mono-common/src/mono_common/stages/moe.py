@@ -298,16 +298,27 @@ def down_slot(u, ns, exs, sidx, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr,
 
 
 @triton.jit
-def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
-                 cols, cb, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
-                 BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr, exs=None, sidx=None):
-    """Slot u's bf16-rounded down tile [BM, BND] with every load unconditional: slot 0's weights
-    picked by pointer, a u past the last slot reads slot ns - 1 again (its result is dropped).
-    The slot's expert id is loaded, or (exs given) picked from the ids exs [len(sidx)] in
-    registers."""
+def _slot_experts(slot_e_ptr, ns, NSLOT: tl.constexpr):
+    """(exs, sidx): the routed slots' expert ids read once as a vector [NSP2] (0 for slot 0, the
+    shared expert, and past the ns slots in use) and their slot indices, for `_down_slot_base`
+    to pick from in registers: a per-slot load puts one more dependent memory round trip in
+    front of every slot's weight load."""
+    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
+        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
+    sidx = tl.arange(0, NSP2)
+    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+    return exs, sidx
+
+
+@triton.jit
+def _down_slot_base(u, ns, slot_e_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, H: tl.constexpr, I: tl.constexpr,
+                    BLK: tl.constexpr, exs=None, sidx=None):
+    """(uc, wb, sb) of slot u's down projection, every load unconditional: uc = u, or ns - 1 for
+    a u past the last slot (its result is dropped); the bases of its weights [H, I] and scales,
+    slot 0's (the shared expert) picked by pointer. The expert id is loaded, or (exs given)
+    picked from the ids exs [len(sidx)] in registers (`_slot_experts`)."""
     EB2: tl.constexpr = H * I
-    NKB: tl.constexpr = (I + BLK - 1) // BLK
-    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
+    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * ((I + BLK - 1) // BLK)
     uc = tl.minimum(u, ns - 1)
     if exs is None:
         ex = tl.load(slot_e_ptr + uc).to(tl.int64)  # slot 0's entry is unused (the shared expert)
@@ -315,6 +326,17 @@ def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_
         ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
     wb = tl.where(uc == 0, wsh2_ptr, w2_ptr + ex * EB2)
     sb = tl.where(uc == 0, ssh2_ptr, s2_ptr + ex * SB2)
+    return uc, wb, sb
+
+
+@triton.jit
+def _down_slot_y(u, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, rows, rmask,
+                 cols, cb, kk, W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, I: tl.constexpr,
+                 BND: tl.constexpr, BLK: tl.constexpr, FASTCVT: tl.constexpr, exs=None, sidx=None):
+    """Slot u's bf16-rounded down tile [BM, BND] with every load unconditional
+    (`_down_slot_base`: a u past the last slot reads slot ns - 1 again, its result dropped)."""
+    NKB: tl.constexpr = (I + BLK - 1) // BLK
+    uc, wb, sb = _down_slot_base(u, ns, slot_e_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, H, I, BLK, exs, sidx)
     acc = tl.zeros([BM, BND], tl.float32)
     for kb in tl.static_range(NKB):
         xq = tl.load(inter_ptr + (uc * W + rows[:, None]) * I + kb * BLK + kk[None, :], mask=rmask[:, None],
@@ -380,25 +402,20 @@ def moe_down(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_p
     rmask = rows < W
     cols0 = tl.arange(0, BND)
     kk = tl.arange(0, BLK)
-    # The slots' expert ids read once as a vector (the unpipelined form, and the pipelined one
-    # with IDV): a per-slot load puts one more dependent memory round trip in front of every
-    # slot's weight load.
-    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else (
-        128 if NSLOT <= 128 else (256 if NSLOT <= 256 else 512))))
+    # the slots' expert ids read once as a vector (`_slot_experts`) in the unpipelined form, and
+    # in the pipelined one with IDV
     if DSTG > 0:
         exs = None
         sidx = None
         if IDV:
-            sidx = tl.arange(0, NSP2)
-            exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+            exs, sidx = _slot_experts(slot_e_ptr, ns, NSLOT)
         for t in range(pid, H // BND, nprog):
             _down_tile_pipelined(t, ns, slot_e_ptr, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr,
                                  slot_w_ptr, o_ptr, routed_scale, rows, rmask, cols0, kk, W, BM, H, I, BND, BLK,
                                  NSLOT, DSTG, FASTCVT, DSTEP, exs, sidx)
         return
     STEP: tl.constexpr = 2 if I <= 2 * BLK else 1
-    sidx = tl.arange(0, NSP2)
-    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+    exs, sidx = _slot_experts(slot_e_ptr, ns, NSLOT)
     for t in range(pid, H // BND, nprog):
         cols = t * BND + cols0
         shared = tl.zeros([BM, BND], tl.float32)
@@ -466,10 +483,7 @@ def moe_down_items(pid, nprog, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, 
     # the slots' expert ids read once as a vector and picked in registers: loaded in the loop,
     # an id gated its item's weight addresses and the loop waited for every copy at the top of
     # each item (sm_90 TTGIR, Triton 3.8: async_wait num 0), one memory round trip an item
-    NSP2: tl.constexpr = 16 if NSLOT <= 16 else (32 if NSLOT <= 32 else (64 if NSLOT <= 64 else 128))
-    tl.static_assert(NSLOT <= 128, "down_items takes at most 128 slots")
-    sidx = tl.arange(0, NSP2)
-    exs = tl.load(slot_e_ptr + sidx, mask=(sidx < ns) & (sidx > 0), other=0)
+    exs, sidx = _slot_experts(slot_e_ptr, ns, NSLOT)
     for i in tl.range(i0, i1, num_stages=DSTG):
         t = i // ns
         u = i % ns
@@ -516,14 +530,9 @@ def _down_slot_y_fp8(u, ns, inter_ptr, inters_ptr, w2_ptr, s2_ptr, wsh2_ptr, ssh
                      BLK: tl.constexpr):
     """Slot u's bf16-rounded down tile [BM, BND] on e4m3 MMAs (`gemv._kblock` DOT_WX_FP8: the
     weights [BND, BLK] a K block on the M side), every load unconditional as `_down_slot_y`'s
-    (a u past the last slot reads slot ns - 1 again), the expert id picked from exs."""
-    EB2: tl.constexpr = H * I
+    (`_down_slot_base`), the expert id picked from exs."""
     NKB: tl.constexpr = (I + BLK - 1) // BLK
-    SB2: tl.constexpr = ((H + BLK - 1) // BLK) * NKB
-    uc = tl.minimum(u, ns - 1)
-    ex = tl.sum(tl.where(sidx == uc, exs, 0), 0).to(tl.int64)
-    wb = tl.where(uc == 0, wsh2_ptr, w2_ptr + ex * EB2)
-    sb = tl.where(uc == 0, ssh2_ptr, s2_ptr + ex * SB2)
+    uc, wb, sb = _down_slot_base(u, ns, None, w2_ptr, s2_ptr, wsh2_ptr, ssh2_ptr, H, I, BLK, exs, sidx)
     kk = tl.arange(0, BLK)
     cmask = cols < H
     acc = tl.zeros([BND, BM], tl.float32)

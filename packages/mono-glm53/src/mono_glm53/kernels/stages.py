@@ -2017,7 +2017,7 @@ def layer_kernel(
                             _sf(row, P.ROUTED_SCALE), _p(row, P.DP, bf16), epoch, _p(row, P.AR2_MBOX, i64),
                             _p(row, P.AR2_FLAG, i64), _pu(row, P.ABORT, i32), _p(row, P.ABORT_TAB, i64),
                             _p(row, P.ERR, i64), _si(row, P.RANK), _sl(row, P.DEADLINE), W, BM, H, I, BND, BLK, NSLOT,
-                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP, DIDV, _p(row, P.MZ, bf16),
-                            _p(row, P.CNT, i32) + DITC, DIT)
+                            R, RP2, CLOCK, FAULT, DSTG, MCVT, DSTEP, DIDV, _p(row, P.MZ, bf16) if DIT else None,
+                            _p(row, P.CNT, i32) + DITC if DIT else None, DIT)
             if FUSED and FIRST == 0:
                 _stamp(row, STAMP_W - 2, pid, CLOCK)
