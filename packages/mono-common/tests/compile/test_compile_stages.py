@@ -40,17 +40,20 @@ def test_gemv_entry_compiles_without_spills(target, case, record_property):
     assert res.max_resident() >= RESIDENT[target], cc.format_resources(res)
 
 
-def test_gemv_entry_with_the_next_set_requested_ahead_compiles_without_spills(record_property):
-    """bench variant s128fqn (PFN, sm_90 only): the layer's q_a/kv_a form with each weight set's
-    successor requested into the L2 first; the prefetches are in the PTX."""
+@pytest.mark.parametrize("pfn,insn", [(1, "prefetch.global.L2"), (2, "cp.async.bulk.prefetch.L2.global")],
+                         ids=["lines", "bulk"])
+def test_gemv_entry_with_the_next_set_requested_ahead_compiles_without_spills(pfn, insn, record_property):
+    """bench variants s128fqn / s128fqb (PFN 1 / 2, sm_90 only): the layer's q_a/kv_a form with
+    each weight set's successor requested into the L2 first, a line a lane or as bulk
+    prefetches; the prefetch instruction is in the PTX and the SASS assembles."""
     ce = dict(N=2624, K=6144, W=1, BM=16, BN=128, BLK=128, KS=1, PER=4, SLOTS=8, SPAN=True, FMT=1, XQ=True,
-              PRE=False, DOT=2, BAR=True, AMD=False, PFN=True)
+              PRE=False, DOT=2, BAR=True, AMD=False, PFN=pfn)
     res = cc.compile_kernel(gemv_entry, GEMV_SIG, ce, "sm_90", num_warps=4, pointer_align=16,
                             num_stages=STAGES["sm_90"], amd_buffer_ops=False)
     record_property("resources", cc.format_resources(res))
     assert res.spills == 0, cc.format_resources(res)
     assert res.max_resident() >= RESIDENT["sm_90"], cc.format_resources(res)
-    assert "prefetch.global.L2" in res.asm["ptx"]
+    assert insn in res.asm["ptx"]
 
 
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])

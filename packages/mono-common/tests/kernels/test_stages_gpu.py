@@ -38,10 +38,12 @@ def test_fp8_gemv_on_gpu(shape, rows, kw):
         assert rel < BOUND[kw.get("dot", 0)], (li, rel)
 
 
+@pytest.mark.parametrize("ahead", [1, 2], ids=["lines", "bulk"])
 @pytest.mark.parametrize("rows", [1, 8])
-def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows):
+def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows, ahead):
     """A plan with l2_ahead (each weight set's successor requested into the L2 before the set
-    runs: bench variant s128fqn) writes the plain launch's partials bit for bit over 3 sets."""
+    runs, a line a lane or as bulk prefetches: bench variants s128fqn / s128fqb) writes the
+    plain launch's partials bit for bit over 3 sets."""
     import dataclasses
 
     from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
@@ -53,7 +55,7 @@ def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows):
     x = torch.randn(rows, k, generator=g, device="cuda").to(torch.bfloat16)
     plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
     outs = []
-    for p in (plan, dataclasses.replace(plan, l2_ahead=True)):
+    for p in (plan, dataclasses.replace(plan, l2_ahead=ahead)):
         out = alloc_out(p, 3, "cuda")
         launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
         outs.append(out)

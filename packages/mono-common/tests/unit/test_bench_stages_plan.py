@@ -8,6 +8,7 @@ import types
 import pytest
 
 from mono_common.bench import stages as B
+from mono_common.stages.gemv_host import GemvPlan
 
 L2 = 60 << 20
 
@@ -27,6 +28,11 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     ahead, xq = B.variant_plan("s128fqn", 2624, 6144, 1, 264)
     assert ahead.l2_ahead and xq and ahead == dataclasses.replace(B.variant_plan("s128fq", 2624, 6144, 1, 264)[0],
                                                                   l2_ahead=True)
+    # s128fqb: the same requests as bulk prefetches
+    bulk, xq = B.variant_plan("s128fqb", 2624, 6144, 1, 264)
+    assert bulk.l2_ahead == 2 and xq and bulk == dataclasses.replace(ahead, l2_ahead=2)
+    with pytest.raises(ValueError, match=r"l2_ahead 3: 0 \(none\), 1 \(a line a lane\) or 2 \(bulk prefetches\)"):
+        GemvPlan.make(2624, 6144, 1, 264, l2_ahead=3)
     # the radix stages at every length, one program a row (`row`, and `rowh` seeded by radix
     # pass 0) and the spread form (`spread`, and `spreads` in one stage) where the rows fit
     # their 4096 keys

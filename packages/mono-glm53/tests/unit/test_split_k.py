@@ -524,6 +524,30 @@ def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none()
         _with_knobs(hip, s, 264, {"prefetch_programs": 64}, hip=True)
 
 
+def test_prefetch_bulk_needs_prefetches_and_sm_90():
+    """prefetch_bulk sets Plan.PFB where the build issues prefetches (prefetch_sites or
+    prefetch_programs at a TP8 rank, whose sm_90 default issues none; a TP4 rank's default
+    does); without any it is refused with the knobs that add them, and gfx950 refuses it."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert not sm.PFB
+    p = _with_knobs(sm, s, 264, {"prefetch_sites": ["qb"], "prefetch_bulk": True})
+    assert p.PFB and (p.PFS, p.PFN) == (2, 0)
+    assert _with_knobs(sm, s, 264, {"prefetch_programs": 64, "prefetch_bulk": True}).PFB
+    tp4 = REAL.tp_shard(4, 0)
+    p4 = dataclasses.replace(make_plan(tp4, 2, True, 264), **isa_options("sm_90", tp4))
+    assert _with_knobs(p4, tp4, 264, {"prefetch_bulk": True}).PFB
+    for knobs in ({"prefetch_bulk": True}, {"prefetch_bulk": True, "prefetch_programs": 0}):
+        with pytest.raises(ValueError, match=r"prefetch_bulk changes how the weights' L2 prefetches are issued, "
+                                             r"and this build issues none: name prefetch_sites or prefetch_programs"):
+            _with_knobs(sm, s, 264, knobs)
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"prefetch_bulk is sm_90's bulk L2 prefetch: gfx950 has none"):
+        _with_knobs(hip, s, 264, {"prefetch_bulk": True}, hip=True)
+
+
 def test_prefetch_sites_sets_the_site_bits_and_refuses_what_requests_nothing_or_twice():
     """prefetch_sites sets Plan.PFS to its sites' bits (stages.PFS_SITES); at a TP8 rank on
     sm_90 (no prefetch by default) every program then issues them unless prefetch_programs
@@ -546,9 +570,19 @@ def test_prefetch_sites_sets_the_site_bits_and_refuses_what_requests_nothing_or_
         _with_knobs(sm, s, 264, {"prefetch_sites": ["qb", "qb", "oproj", "oproj_late", "mla"],
                                  "prefetch_programs": 0})
     msg = str(e.value)
-    for part in ("prefetch_sites ['mla'] are not sites (known: ['down', 'oproj', 'oproj_late', 'qb', 'start'])",
+    for part in ("prefetch_sites ['mla'] are not sites (known: ['down', 'latent', 'oproj', 'oproj_late', 'qb', "
+                 "'start', 'topk'])",
                  "names a site twice", "oproj and oproj_late request the same weights",
                  "with prefetch_programs 0 (no prefetch) requests nothing"):
+        assert msg.count(part) == 1, (part, msg)
+    # the sites after hand-offs 2 and 7: each alone, not beside another that requests the same weights
+    p = _with_knobs(sm, s, 264, {"prefetch_sites": ["latent", "topk"], "prefetch_bulk": True})
+    assert (p.PFS, p.PFN, p.PFB) == (PFS_SITES["latent"] + PFS_SITES["topk"], 0, True)
+    with pytest.raises(ValueError) as e:
+        _with_knobs(sm, s, 264, {"prefetch_sites": ["qb", "latent", "oproj_late", "topk"]})
+    msg = str(e.value)
+    for part in ("prefetch_sites oproj_late and topk request the same weights",
+                 "prefetch_sites qb and latent request the same weights"):
         assert msg.count(part) == 1, (part, msg)
     for bad in ([], "qb", [2]):
         with pytest.raises(ValueError, match=r"is not a non-empty list of site names .*prefetch_programs 0"):

@@ -72,7 +72,9 @@ GEMV_VARIANTS = {
     "s128fql": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, lstg=3),
     # s128fq with each weight set's successor requested into the L2 before the set runs, as a
     # layer requests its stages' weights ahead (issue 19): the HBM streams through the hand-offs
-    "s128fqn": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=True),
+    "s128fqn": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=1),
+    # the same as sm_90's bulk prefetches (`prefetch.prefetch_bulk`: 16 KB an instruction)
+    "s128fqb": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=2),
     # s128fq as a call of one copy of the span's code (gemv.gemv_span_call, mono-glm53's
     # gemv_call): what the call costs a span where the code is warm (not yet run on a GPU)
     "s128fqc": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, call=True),

@@ -34,7 +34,7 @@ from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_down_items, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.numerics import CVT_F16
-from mono_common.stages.prefetch import prefetch_range
+from mono_common.stages.prefetch import prefetch_bulk, prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
 from mono_common.stages.topk import (
@@ -73,7 +73,8 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                PFN: tl.constexpr = False, CALL: tl.constexpr = False):
     # PFN (sm_90): each weight set's next set (weights and scales) requested into the L2 before
     # the set is computed, as a layer requests a stage's weights ahead (`stages.prefetch`), so
-    # the HBM streams across the hand-offs and a set's own loads hit the L2
+    # the HBM streams across the hand-offs and a set's own loads hit the L2; PFN 2: as bulk
+    # prefetches (`prefetch.prefetch_bulk`), a few instructions a program instead of a line a lane
     # CALL (SPAN only): the span a call of one copy of its code (`gemv.gemv_span_call`)
     # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
     # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
@@ -96,8 +97,12 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     for li in range(L):
         if PFN:
             if li + 1 < L:
-                prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
-                prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, True)
+                if PFN == 2:
+                    prefetch_bulk(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
+                    prefetch_bulk(pid, nprog, sl + s_lstride, s_lstride * 4, True)
+                else:
+                    prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
+                    prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, True)
         if SPAN and CALL:
             gemv_span_call(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, DOT, FASTCVT)
         elif SPAN:

@@ -36,8 +36,9 @@ class GemvPlan:
     num_warps: int = 4
     dot: int = 0  # stages.gemv DOT_XW (0), DOT_WX (1), DOT_WX_FP8 (2)
     lstg: int = 0  # k-loops pipelined this deep, every load (0: Triton's default, MMA operands)
-    # each weight set's successor requested into the L2 before the set runs (sm_90; `launch_gemv`)
-    l2_ahead: bool = False
+    # each weight set's successor requested into the L2 before the set runs (sm_90; `launch_gemv`):
+    # 0 / False no, 1 / True a line a lane (`prefetch.prefetch_range`), 2 bulk (`prefetch_bulk`)
+    l2_ahead: int = 0
     # the span a call of one copy of its code, its shapes runtime values (`gemv.gemv_span_call`;
     # stream-K only, without pre or lstg)
     call: bool = False
@@ -54,13 +55,16 @@ class GemvPlan:
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
              pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
-             lstg: int = 0, l2_ahead: bool = False, call: bool = False) -> GemvPlan:
+             lstg: int = 0, l2_ahead: int = 0, call: bool = False) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
             raise ValueError(f"column tile {bn} must be a multiple of 16 and at most {2 * blk}")
         if lstg < 0 or (lstg and pre):
             raise ValueError(f"pipelining depth {lstg}: 0 (off) or more, and not with the register prefetch (pre)")
+        if int(l2_ahead) not in (0, 1, 2):
+            raise ValueError(f"l2_ahead {l2_ahead!r}: 0 (none), 1 (a line a lane) or 2 (bulk prefetches)")
+        l2_ahead = int(l2_ahead)
         if call and (not span or pre or lstg):
             raise ValueError("the called span (call) is a stream-K span without pre or lstg")
         nkb = K // blk
@@ -94,7 +98,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
     `handoff.grid_handoff_flag` (bar: handoff.BAR_WORDS int32 words). fixup (span plans): each
     column tile's last span sums its partials into slot 0 (`gemv.span_fixup`); True, or the
     int32 buffer of `fixup_words` words (zero before its first launch) that launches reuse.
-    plan.l2_ahead requests set l + 1 into the L2 before set l runs, on an NVIDIA GPU only
+    plan.l2_ahead requests set l + 1 into the L2 before set l runs (2: as bulk prefetches), on an NVIDIA GPU only
     (`stages.prefetch`: no such instruction elsewhere, and nothing to prefetch into under the
     interpreter); the results are the same."""
     import torch
@@ -136,7 +140,7 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         FASTCVT=nv,
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
         fix_ptr=fix, FIX=fix is not None,
-        PFN=plan.l2_ahead and nv, CALL=plan.call,
+        PFN=plan.l2_ahead if nv else 0, CALL=plan.call,
         num_warps=plan.num_warps, **coop)
     return out
 

@@ -193,15 +193,48 @@ def compare(c: Case, r_out, r_caches, k_out, k_caches, k: GlmLayerKernel | None 
             kk[pp, p * d + 4 * oo: p * d + 4 * oo + 4] = oik[pp, p * d + 4 * oo: p * d + 4 * oo + 4]
         m["glm53_layer.untouched_cache.max_abs"] = max(
             m["glm53_layer.untouched_cache.max_abs"], float((kk.int() - oik.int()).abs().max()))
-        ov = []
+        rsc = _ref_index_scores(c, r_caches)
+        ov, swaps = [], []
         for t in range(n):
             A = set(int(v) for v in topk[t].tolist() if v >= 0)
             B = set(int(v) for v in r_out.topk[t].tolist() if v >= 0)
-            ov.append(len(A & B) / max(1, len(B)) if len(A) == len(B) else 0.0)
+            o, sw = topk_overlap(A, B, rsc[t])
+            ov.append(o)
+            swaps.append(sw)
         m["glm53_layer.topk.overlap_min"] = min(ov)
+        m["glm53_layer.topk.tie_swaps_max"] = float(max(swaps))
     if k is not None and k.world == 1:
         m.update(conditioned(c, r_out, k_out, k_caches, k, moe_stage_checks))
     return m
+
+
+def _ref_index_scores(c: Case, r_caches) -> torch.Tensor:
+    """The reference's index scores [T, max_ctx] (`reference.index_logits` on its own q,
+    weights and written index-K cache), which its top-k selected from."""
+    s, w = c.s, c.w
+    x, _ = ref.input_norm(c.hidden, c.residual, w, s)
+    q_lora, _, _ = ref.latent_norms(ref.qkv_a_proj(x, w, s), w, s)
+    q8, wts, _ = ref.indexer_qk(x, q_lora, c.inputs.positions, w, s)
+    kk, ks = ref.index_k_cache_read(r_caches.index_k, c.inputs, s)
+    return ref.index_logits(q8, wts, kk, ks)
+
+
+def topk_overlap(kset: set[int], rset: set[int], rscores: torch.Tensor) -> tuple[float, int]:
+    """(overlap, tie swaps) of the kernel's top-k positions kset against the reference's rset
+    of one row: |kset & rset| / |rset|, where a position only the kernel chose and one only the
+    reference chose whose reference scores both equal exactly the reference's k-th score count
+    as agreeing (an exact tie: torch.topk breaks it its own way, the kernel by position, and
+    either set is the top-k; at a tiny shape's short rows a dozen index scores can be exactly
+    0, every head's ReLU zero). Sets of different sizes: 0. The swaps are reported beside."""
+    if len(kset) != len(rset):
+        return 0.0, 0
+    if not rset:
+        return 1.0, 0
+    thr = min(float(rscores[i]) for i in rset)
+    only_k = sum(1 for i in kset - rset if float(rscores[i]) == thr)
+    only_r = sum(1 for i in rset - kset if float(rscores[i]) == thr)
+    sw = min(only_k, only_r)
+    return (len(kset & rset) + sw) / len(rset), sw
 
 
 def kernel_experts(k: GlmLayerKernel, rows: int) -> list[set[int]]:

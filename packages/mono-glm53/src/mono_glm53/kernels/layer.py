@@ -232,6 +232,9 @@ class Plan:
     # a row top-k step's absorption and q_pe RoPE tiles beside the row top-k in stage 7, stage 4
     # the index tiles alone (`topk_row_absorb`, a knob)
     TKA: bool = False
+    # the weights' L2 prefetches as sm_90's bulk prefetches, 16 KB an instruction, instead of a
+    # line a lane (`prefetch_bulk`, a knob; mono-common `prefetch.prefetch_bulk`)
+    PFB: bool = False
     # where the weights' L2 prefetches are issued when PFN >= 0: a bit a site
     # (`stages.PFS_SITES`; `prefetch_sites`, a knob; 15: start, qb, oproj and down)
     PFS: int = 15
@@ -435,11 +438,15 @@ KNOBS = {
     "prefetch_programs": "Plan.PFN, the programs that request the weights into the L2 ahead of their stages: "
                          "the last N of the grid (1..nprog), true for every program, or 0 for no weight prefetch "
                          "at all (sm_90; a TP8 rank's default is 0, other shapes' every program)",
+    "prefetch_bulk": "Plan.PFB, the weights' L2 prefetches (prefetch_sites, prefetch_programs, the routed "
+                     "down slots) as sm_90's bulk prefetches, 16 KB an instruction, not a line a lane (sm_90; "
+                     "needs prefetches: a TP8 rank's default issues none)",
     "prefetch_sites": "Plan.PFS, where the weights are requested into the L2: a list of sites, each once, of "
                       "start (q_a/kv_a and the index wk / weights_proj at the launch's start), qb (q_b and the "
-                      "index wq_b after q_a/kv_a), oproj (o_proj, the router and the shared expert after absorb) "
-                      "or oproj_late (the same after the index scores), down (the routed experts' down rows after "
-                      "gate_up); by every program unless prefetch_programs says (sm_90; the default where "
+                      "index wq_b after q_a/kv_a) or latent (the same after hand-off 2, once every q_a/kv_a load is done), "
+                      "oproj (o_proj, the router and the shared expert after absorb) or oproj_late (the same after "
+                      "the index scores) or topk (the same after hand-off 7, where a short step's top-k reads only "
+                      "the L2), down (the routed experts' down rows after gate_up); by every program unless prefetch_programs says (sm_90; the default where "
                       "prefetches are on: start, qb, oproj, down)",
     "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
@@ -640,8 +647,11 @@ def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, ob
         errors.append(f"prefetch_sites {bad} are not sites (known: {names})")
     if twice:
         errors.append(f"prefetch_sites {list(sites)} names a site twice")
-    if "oproj" in sites and "oproj_late" in sites:
-        errors.append("prefetch_sites oproj and oproj_late request the same weights: name one of them")
+    same = [x for x in ("oproj", "oproj_late", "topk") if x in sites]
+    if len(same) > 1:
+        errors.append(f"prefetch_sites {' and '.join(same)} request the same weights: name one of them")
+    if "qb" in sites and "latent" in sites:
+        errors.append("prefetch_sites qb and latent request the same weights: name one of them")
     if type(programs) is int and programs == 0:
         errors.append("prefetch_sites with prefetch_programs 0 (no prefetch) requests nothing: drop one of them")
     if bad or twice:
@@ -897,6 +907,14 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             change["PFN"] = -1 if pn == 0 else (0 if pn == nprog else pn)
     if "prefetch_sites" in k:
         _prefetch_sites(k["prefetch_sites"], k.get("prefetch_programs"), plan, hip, change, errors)
+    if k.get("prefetch_bulk"):
+        if hip:
+            errors.append("prefetch_bulk is sm_90's bulk L2 prefetch: gfx950 has none, build without it")
+        elif change.get("PFN", plan.PFN) < 0:
+            errors.append("prefetch_bulk changes how the weights' L2 prefetches are issued, and this build issues "
+                          "none: name prefetch_sites or prefetch_programs too")
+        else:
+            change["PFB"] = True
     if k.get("topk_row"):
         v = _row_tokens("topk_row", k["topk_row"], 256, 4096, errors)
         why = _short_topk_refusal("topk_row", plan, change)

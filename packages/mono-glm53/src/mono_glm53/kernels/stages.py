@@ -161,14 +161,21 @@ CNT_WORDS = tl.constexpr(512)
 # Where a fused launch requests its own weights into the L2 (Plan.PFS, a bit each; sm_90 with
 # PFN >= 0): at its start (q_a/kv_a and the index wk / weights_proj), after q_a/kv_a (q_b and
 # the index wq_b), after absorb or else after the index scores (o_proj, the router, the shared
-# expert), and gate_up's routed experts' down rows
+# expert), and gate_up's routed experts' down rows; or after the hand-offs whose next stages
+# leave the HBM quiet: q_b's and the index wq_b's at the start of the latent stage (after
+# hand-off 2), o_proj's, the router's and the shared expert's at the start of the top-k's
+# threshold stage (after hand-off 7, where a short step's top-k reads only the L2; a step that
+# takes the radix stages requests them before its top-k instead)
 PFS_START = tl.constexpr(1)
 PFS_QB = tl.constexpr(2)
 PFS_OPROJ = tl.constexpr(4)
 PFS_DOWN = tl.constexpr(8)
 PFS_OPROJ_LATE = tl.constexpr(16)
+PFS_LATENT = tl.constexpr(32)
+PFS_TOPK = tl.constexpr(64)
 PFS_SITES = {"start": PFS_START.value, "qb": PFS_QB.value, "oproj": PFS_OPROJ.value,
-             "down": PFS_DOWN.value, "oproj_late": PFS_OPROJ_LATE.value}
+             "down": PFS_DOWN.value, "oproj_late": PFS_OPROJ_LATE.value, "latent": PFS_LATENT.value,
+             "topk": PFS_TOPK.value}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -1229,6 +1236,14 @@ def _prefetch_attn_out(row, pid, nprog, H: tl.constexpr, NH: tl.constexpr, VD: t
 
 
 @triton.jit
+def _prefetch_topk_site(row, pid, nprog, ON: tl.constexpr, H: tl.constexpr, NH: tl.constexpr, VD: tl.constexpr,
+                        E: tl.constexpr, I: tl.constexpr, PF: tl.constexpr, PFN: tl.constexpr):
+    """Site PFS_TOPK (ON): `_prefetch_attn_out` where the top-k begins."""
+    if ON:
+        _prefetch_attn_out(row, pid, nprog, H, NH, VD, E, I, PF, PFN)
+
+
+@triton.jit
 def _prefetch_at(a, pid, nprog, nbytes, PFN: tl.constexpr = 0):
     """`_prefetch_pf` of nbytes at address a (an int64 table word), none when it is zero."""
     if a != 0:
@@ -1549,12 +1564,11 @@ def _tka_part(row, W: tl.constexpr, TKR: tl.constexpr, TKA: tl.constexpr, INDEXE
 def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                   TKR: tl.constexpr, SYC: tl.constexpr):
-    """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR):
-    stage 6 is empty (TKF: the first radix pass ran in the index scores), stage 7 waits for the
+    """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR),
+    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first radix pass ran in the index scores), stage 7 waits for the
     scores and gives each row's whole top-k to one program (`topk_rows_one`), its search seeded
     by that pass's histogram (HIST); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-
     off 12 orders the rows' writes before the MLA as hand-off 8 would have."""
-    ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SYC)
     if FIRST <= 7 and LAST >= 7:
         if ok:
             _topk_rows_one(pid, nprog, _p(row, P.SCORES, tl.float32), _si(row, P.STRIDE_SC),
@@ -1592,8 +1606,8 @@ def _tk_short_entry(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.co
 def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.constexpr, FUSED: tl.constexpr,
                      R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                      TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr, TSS: tl.constexpr = False):
-    """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS):
-    stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
+    """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS),
+    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
     zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
     the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8
     waits for the thresholds and places every row's keys (`topk_spread_write`); hand-offs 9-11
@@ -1601,7 +1615,6 @@ def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.c
     (Plan.TSS): stage 7 does both, each tile finding its row's threshold itself
     (`topk_spread_select`), hand-offs 8-11 only signal."""
     i32 = tl.int32
-    ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SYC)
     if TSS:
         if FIRST <= 7 and LAST >= 7:
             if ok:
@@ -1750,6 +1763,8 @@ def layer_kernel(
     # where the weights' L2 prefetches are issued (Plan.PFS, bits PFS_*; the knob
     # `prefetch_sites`), when PFN >= 0
     PFS: tl.constexpr = 15,
+    # the weights' L2 prefetches as bulk prefetches (Plan.PFB, a measurement knob)
+    PFB: tl.constexpr = False,
     # the value projection combining the MLA chunks itself, the combine stage empty and
     # hand-off 14 folded (Plan.WCB, a measurement knob: `stage_wuv` NCH)
     WCB: tl.constexpr = False,
@@ -1806,7 +1821,8 @@ def layer_kernel(
     # Weight streaming (sm_90: CLOCK 0): each stage's weights are requested into the L2 before
     # the hand-off that gates its inputs (mono_common.stages.prefetch; gfx950 and the
     # interpreter: no prefetch, the stages load as before). The fused launch only.
-    PF: tl.constexpr = CLOCK == 0 and PFN >= 0
+    # PF 2 (PFB): as bulk prefetches (mono-common `prefetch.prefetch_range` ON 2)
+    PF: tl.constexpr = ((2 if PFB else 1) if CLOCK == 0 and PFN >= 0 else 0)
     GS: tl.constexpr = 8 if CLOCK == 0 else 0
     if FUSED and FIRST == 0 and (PFS & PFS_START) != 0:
         _prefetch_pf(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF, PFN)
@@ -1835,6 +1851,12 @@ def layer_kernel(
         if ok:
             ok = _sync(row, 2, epoch, nprog, pid, FUSED and FIRST < 2, R,
                        CLOCK, FAULT, PADKB if PADS == 2 else 0, SY)
+        if FUSED and FIRST == 0 and (PFS & PFS_LATENT) != 0:
+            # after q_a/kv_a's loads are all done: the latent stage reads only what they wrote
+            if ok:
+                _prefetch_pf(pid, nprog, _p(row, P.WQB, u8), NQB * QL, PF, PFN)
+                if INDEXER:
+                    _prefetch_pf(pid, nprog, _p(row, P.WIQ, u8), NIQ * QL, PF, PFN)
         if ok:
             stage_latent(pid, nprog, row, W, QL, KVL, RD, NQKV, ID, IH, PG,
                          KS1, KSI, INDEXER, IDX_FUSED, HADAMARD, MLA_NEOX, IDX_NEOX, GS, BLK, XQP, HWQ)
@@ -1883,6 +1905,10 @@ def layer_kernel(
     if TKR > 0 and INDEXER:
         # every program reads the same lengths, so every program takes the same path
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
+            ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SY)
+            if ok:
+                _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E,
+                                    I, PF, PFN)
             ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SY)
             if TKA and FIRST <= 7 and LAST >= 7:
                 # the programs below the rows' (all of them when there are no more programs
@@ -1897,18 +1923,27 @@ def layer_kernel(
                                  HADAMARD, MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, 2)
             ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
+            _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I,
+                                PF, PFN)
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     elif TKS > 0 and INDEXER:
         if _tk_spread_step(row, W, TKS, INDEXER):
+            ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SY)
+            if ok:
+                _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E,
+                                    I, PF, PFN)
             ok = _tkspread_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKS, RKS,
                                   SY, TSS)
         else:
+            _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I,
+                                PF, PFN)
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     else:
         # a build without TKR or TKS compiles no short-step path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
+        _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I, PF, PFN)
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                           TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     if FIRST <= 12 and LAST >= 12:
@@ -1991,7 +2026,7 @@ def layer_kernel(
                          _p(row, P.SSH13, f32), _p(row, P.GU, f32), _p(row, P.SLOT_E, i32),
                          _p(row, P.SLOT_W, f32), _p(row, P.NSLOT, i32), _p(row, P.W2, u8), _p(row, P.LOC, i64),
                          W, BM, H, E, TOPE, KSR, I, BNG if BNG > 0 else BN, BLK, KSG, NSLOT,
-                         PF and FUSED and (PFS & PFS_DOWN) != 0, MCVT,
+                         PF if FUSED and (PFS & PFS_DOWN) != 0 else 0, MCVT,
                          GDOT, _p(row, P.CNT, i32) + SLOTC if SFO else None, _p(row, P.INTER, xmoe),
                          _p(row, P.INTERS, f32), BI, HWQ, PFN, GSP, PERG)
     if FIRST <= 19 and LAST >= 19:
