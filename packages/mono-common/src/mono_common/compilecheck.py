@@ -149,6 +149,17 @@ def nvidia_tool(name: str) -> str:
     return hits[0]
 
 
+def sass_bytes(res: Resources) -> int:
+    """Bytes of sm_90 SASS in a compiled kernel's cubin (`nvdisasm`, 16 bytes an instruction):
+    what a launch fetches where it runs all its code once."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(res.asm["cubin"])
+        f.flush()
+        dis = subprocess.run([nvidia_tool("nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return 16 * sum(1 for line in dis.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/.*;", line))
+
+
 def _ptxas_resources(ptx: str) -> dict[str, int]:
     arch = re.search(r"^\.target\s+(\w+)", ptx, re.M)
     arch = arch.group(1) if arch else "sm_90a"

@@ -62,6 +62,29 @@ def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows, ahead):
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_x_quantised_on_the_conversion_unit_gives_the_integer_forms_bits(rows):
+    """A plan with hwx (x quantised in the loop, its e4m3 rounding on sm_90's conversion unit:
+    bench variant s128fh, a layer's o_proj form) writes the integer form's partials bit for bit,
+    at o_proj's shape, over x with values across the e4m3 range and ties of its rounding."""
+    import dataclasses
+
+    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
+
+    n, k = 6144, 2048
+    g = torch.Generator(device="cuda").manual_seed(100 + rows)
+    w = (torch.randn(2, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(2, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
+    x = (torch.randn(rows, k, generator=g, device="cuda") * torch.logspace(-3, 3, k, device="cuda")).to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
+    outs = []
+    for p in (plan, dataclasses.replace(plan, hwx=True)):
+        out = alloc_out(p, 2, "cuda")
+        launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("shape", [(2624, 6144), (6144, 2048)], ids=["2624x6144", "6144x2048"])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_span_fixup_on_gpu_gives_the_slot_order_sum(shape, rows):

@@ -28,6 +28,9 @@ def test_the_default_plan_runs_every_stage_at_glm53_shapes():
     ahead, xq = B.variant_plan("s128fqn", 2624, 6144, 1, 264)
     assert ahead.l2_ahead and xq and ahead == dataclasses.replace(B.variant_plan("s128fq", 2624, 6144, 1, 264)[0],
                                                                   l2_ahead=True)
+    # s128fh: s128f's tiling, x quantised in the loop on the conversion unit
+    hw, xq = B.variant_plan("s128fh", 6144, 2048, 1, 264)
+    assert hw.hwx and not xq and hw == dataclasses.replace(B.variant_plan("s128f", 6144, 2048, 1, 264)[0], hwx=True)
     # s128fqb: the same requests as bulk prefetches
     bulk, xq = B.variant_plan("s128fqb", 2624, 6144, 1, 264)
     assert bulk.l2_ahead == 2 and xq and bulk == dataclasses.replace(ahead, l2_ahead=2)

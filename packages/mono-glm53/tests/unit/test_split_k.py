@@ -524,6 +524,20 @@ def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none()
         _with_knobs(hip, s, 264, {"prefetch_programs": 64}, hip=True)
 
 
+def test_oproj_hw_quant_is_an_sm_90_form():
+    """oproj_hw_quant sets Plan.OHQ (o_proj's input rounded to e4m3 on the conversion unit in
+    its spans); gfx950, which has no such unit, refuses it."""
+    from mono_glm53.kernels.layer import _with_knobs, isa_options
+
+    s = REAL.tp_shard(8, 0)
+    sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
+    assert not sm.OHQ and _with_knobs(sm, s, 264, {"oproj_hw_quant": True}).OHQ
+    assert not _with_knobs(sm, s, 264, {"oproj_hw_quant": False}).OHQ
+    hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    with pytest.raises(ValueError, match=r"oproj_hw_quant is sm_90's conversion unit: gfx950 has none"):
+        _with_knobs(hip, s, 264, {"oproj_hw_quant": True}, hip=True)
+
+
 def test_prefetch_bulk_needs_prefetches_and_sm_90():
     """prefetch_bulk sets Plan.PFB where the build issues prefetches (prefetch_sites or
     prefetch_programs at a TP8 rank, whose sm_90 default issues none; a TP4 rank's default

@@ -72,6 +72,10 @@ GEMV_VARIANTS = {
     "s128fql": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, lstg=3),
     # s128fq with each weight set's successor requested into the L2 before the set runs, as a
     # layer requests its stages' weights ahead (issue 19): the HBM streams through the hand-offs
+    # s128f with x quantised in the loop on sm_90's conversion unit: a layer's o_proj, whose
+    # input (the value projection's tiles, 32 columns of a 128-column block each) is not quantised
+    # by its producer
+    "s128fh": dict(bn=128, span=True, num_warps=4, dot=2, hwx=True),
     "s128fqn": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=1),
     # the same as sm_90's bulk prefetches (`prefetch.prefetch_bulk`: 16 KB an instruction)
     "s128fqb": dict(bn=128, span=True, num_warps=4, dot=2, xq=True, l2_ahead=2),

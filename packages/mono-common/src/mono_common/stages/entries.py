@@ -70,17 +70,19 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
                SLOTS: tl.constexpr, SPAN: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
                PRE: tl.constexpr, DOT: tl.constexpr, BAR: tl.constexpr, AMD: tl.constexpr = False,
                LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, fix_ptr=None, FIX: tl.constexpr = False,
-               PFN: tl.constexpr = False, CALL: tl.constexpr = False):
+               PFN: tl.constexpr = False, CALL: tl.constexpr = False, HWX: tl.constexpr = False):
     # PFN (sm_90): each weight set's next set (weights and scales) requested into the L2 before
     # the set is computed, as a layer requests a stage's weights ahead (`stages.prefetch`), so
     # the HBM streams across the hand-offs and a set's own loads hit the L2; PFN 2: as bulk
     # prefetches (`prefetch.prefetch_bulk`), a few instructions a program instead of a line a lane
     # CALL (SPAN only): the span a call of one copy of its code (`gemv.gemv_span_call`)
+    # HWX (sm_90, without XQ): x quantised in the loop on the conversion unit (`gemv._kblock`)
     # FIX (SPAN only): each column tile's last span sums its SLOTS partials into slot 0
     # (`gemv.span_fixup`) on counters fix_ptr [L, column tiles], then the programs' epoch slots
     # [nprog]: all zero before the first launch, never reset (graph replays count on)
     # shapes and strides are constexprs: as runtime scalars they held gfx950 SGPRs past its 106
     tl.static_assert(not (PFN and AMD), "PFN is sm_90's L2 prefetch instruction")
+    tl.static_assert(not (HWX and AMD), "HWX is sm_90's conversion unit")
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     T: tl.constexpr = ((N + BN - 1) // BN) * KS
@@ -107,11 +109,11 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
             gemv_span_call(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, DOT, FASTCVT)
         elif SPAN:
             gemv_span(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0)
+                      FASTCVT, fix_ptr + li * NTF if FIX else None, epoch, SLOTS if FIX else 0, HWX)
         else:
             for t in range(pid, T, nprog):
                 gemv_tile(t, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, KS, FMT, xs_ptr, XQ, PRE, DOT, LSTG,
-                          FASTCVT)
+                          FASTCVT, HWX)
         if BAR == 2:
             grid_handoff_flag(bar_ptr, (li + 1) * nprog, AMD)
         elif BAR:

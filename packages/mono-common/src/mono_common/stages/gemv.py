@@ -59,12 +59,13 @@ def _load_w(w_ptr, cols, cmask, kb, K, BLK: tl.constexpr, FMT: tl.constexpr, ok=
 @triton.jit
 def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
             K, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr, XQ: tl.constexpr,
-            DOT: tl.constexpr, FASTCVT: tl.constexpr = False):
+            DOT: tl.constexpr, FASTCVT: tl.constexpr = False, HWX: tl.constexpr = False):
     """acc += the contribution of K block kb, its weight block w [BN, BLK] loaded. acc is
     [BM, BN] for DOT_XW, [BN, BM] for the swapped forms (weights as the MMA's M side).
     FASTCVT: the bf16 MMA forms convert the e4m3 weights with `numerics.e4m3_bf16`'s sm_90 path
     (True / 1), or CVT_F16: to f16 on the conversion unit, and the MMA on f16 operands
-    (`numerics.e4m3_operand` / `dot_as`: the same exact products)."""
+    (`numerics.e4m3_operand` / `dot_as`: the same exact products). HWX (sm_90, without XQ): x's
+    e4m3 rounding on the conversion unit (`numerics.quant_rows` HW: the same bits)."""
     NKB = K // BLK
     kk = tl.arange(0, BLK)
     x = tl.load(x_ptr + rows[:, None] * sx + (kb * BLK + kk)[None, :], mask=rmask[:, None], other=0.0)
@@ -75,7 +76,7 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
             # CVT_F16: the producer stored the values as f16 (exact: e4m3 values), as dot_as takes them
             xq = x if FASTCVT == CVT_F16 else x.to(tl.bfloat16)
         else:
-            xq, sxq = quant_rows(x.to(tl.float32), BM)
+            xq, sxq = quant_rows(x.to(tl.float32), BM, HWX)
         if DOT == DOT_XW:
             acc += dot_as(xq, tl.trans(e4m3_operand(w, FASTCVT)), FASTCVT) * (sxq[:, None] * sw[None, :])
         elif DOT == DOT_WX:
@@ -94,7 +95,7 @@ def _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask,
 def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
            K, BM: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
            XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr, LSTG: tl.constexpr = 0,
-           FASTCVT: tl.constexpr = False):
+           FASTCVT: tl.constexpr = False, HWX: tl.constexpr = False):
     """acc += K blocks kb0 .. kb1-1 of one column tile, in K order. LSTG > 0 (not with PRE):
     the loop is pipelined LSTG deep with all its loads (without it Triton pipelines only the
     MMA operands, so the scales, and an x quantised in the loop, cost one memory round trip a
@@ -105,7 +106,7 @@ def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rm
             w = wn
             wn = _load_w(w_ptr, cols, cmask, kb + 1, K, BLK, FMT, kb + 1 < kb1)
             acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
-                          FASTCVT)
+                          FASTCVT, HWX)
     else:
         # an explicit depth makes Triton pipeline every load of the loop (scales and an x that is
         # quantised here included), not only the MMA operands (sm_90 TTGIR, Triton 3.6 and 3.8);
@@ -113,7 +114,7 @@ def _kloop(acc, kb0, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rm
         for kb in tl.range(kb0, kb1, num_stages=LSTG if LSTG > 0 else None):
             w = _load_w(w_ptr, cols, cmask, kb, K, BLK, FMT)
             acc = _kblock(acc, w, kb, x_ptr, sx, xs_ptr, s_ptr, cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, DOT,
-                          FASTCVT)
+                          FASTCVT, HWX)
     return acc
 
 
@@ -140,9 +141,9 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               KS: tl.constexpr, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
               PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
-              FASTCVT: tl.constexpr = False):
+              FASTCVT: tl.constexpr = False, HWX: tl.constexpr = False):
     """Split-K tile t: out[t % KS, :W, column tile t // KS] = the K slice t % KS of x @ w^T.
-    LSTG: the k-loop's pipelining depth (`_kloop`); FASTCVT: `_kblock`'s."""
+    LSTG: the k-loop's pipelining depth (`_kloop`); FASTCVT, HWX: `_kblock`'s."""
     nt = t // KS
     ks = t % KS
     NKS: tl.constexpr = K // BLK // KS
@@ -152,7 +153,7 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
     cmask = cols < N
     acc = _zero_acc(BM, BN, DOT)
     acc = _kloop(acc, ks * NKS, ks * NKS + NKS, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-                 K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
+                 K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
     _store(out_ptr + ks * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
 
 
@@ -161,10 +162,11 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               PER, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
               PRE: tl.constexpr = False, DOT: tl.constexpr = 0, LSTG: tl.constexpr = 0,
-              FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
+              FASTCVT: tl.constexpr = False, fix_ptr=None, epoch=0, KSF: tl.constexpr = 0,
+              HWX: tl.constexpr = False):
     """Stream-K span p: items [p * PER, (p + 1) * PER) of the (column tile, K block) items in
     tile-major order; each column tile it touches gets one partial in slot p - first(tile).
-    LSTG, FASTCVT: as `gemv_tile`'s. KSF > 0: after each partial the span arrives on its
+    LSTG, FASTCVT, HWX: as `gemv_tile`'s. KSF > 0: after each partial the span arrives on its
     tile's counter (fix_ptr[tile], int32); the tile's last span (`span_fixup`) sums the tile's
     KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF."""
     NKB = K // BLK
@@ -181,7 +183,7 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
         cmask = cols < N
         acc = _zero_acc(BM, BN, DOT)
         acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-                     K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT)
+                     K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
         slot = p - (nt * NKB) // PER
         _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
         if KSF > 0:

@@ -42,6 +42,9 @@ class GemvPlan:
     # the span a call of one copy of its code, its shapes runtime values (`gemv.gemv_span_call`;
     # stream-K only, without pre or lstg)
     call: bool = False
+    # x quantised in the loop on sm_90's conversion unit (`gemv._kblock` HWX; the same bits;
+    # an NVIDIA GPU only, `launch_gemv`): what a layer's o_proj runs, its input not quantised
+    hwx: bool = False
 
     @property
     def BM(self) -> int:
@@ -55,7 +58,7 @@ class GemvPlan:
     @staticmethod
     def make(N: int, K: int, W: int, nprog: int, bn: int = 128, span: bool = True, blk: int = 128,
              pre: bool = False, num_warps: int = 4, ks: int | None = None, dot: int = 0,
-             lstg: int = 0, l2_ahead: int = 0, call: bool = False) -> GemvPlan:
+             lstg: int = 0, l2_ahead: int = 0, call: bool = False, hwx: bool = False) -> GemvPlan:
         if K % blk:
             raise ValueError(f"K={K} is not a multiple of the block {blk}")
         if bn % 16 or bn > 2 * blk:
@@ -70,12 +73,12 @@ class GemvPlan:
         nkb = K // blk
         if span:
             return GemvPlan(N, K, W, nprog, bn, blk, True, 1, span_per(N, K, bn, blk, nprog), pre, num_warps, dot,
-                            lstg, l2_ahead, call)
+                            lstg, l2_ahead, call, hwx)
         if ks is None:
             ks = pick_split_k(_cdiv(N, bn), nkb, nprog, cap=nkb)
         if nkb % ks:
             raise ValueError(f"split-K {ks} does not divide the {nkb} K blocks")
-        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot, lstg, l2_ahead)
+        return GemvPlan(N, K, W, nprog, bn, blk, False, ks, 1, pre, num_warps, dot, lstg, l2_ahead, False, hwx)
 
 
 def alloc_out(plan: GemvPlan, L: int, device):
@@ -141,6 +144,9 @@ def launch_gemv(plan: GemvPlan, x, w, s, out, bar=None, fmt: str = "fp8", barrie
         BAR=(2 if flag else 1) if barrier else 0, AMD=x.device.type == "cuda" and torch.version.hip is not None,
         fix_ptr=fix, FIX=fix is not None,
         PFN=plan.l2_ahead if nv else 0, CALL=plan.call,
+        # sm_90's conversion unit for an x quantised in the loop (`numerics.e4m3_bits` takes the
+        # integer form under the interpreter)
+        HWX=plan.hwx and nv and xs is None,
         num_warps=plan.num_warps, **coop)
     return out
 

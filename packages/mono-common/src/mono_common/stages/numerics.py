@@ -214,9 +214,10 @@ def quant_blocks(v, D: tl.constexpr, BLK: tl.constexpr, HW: tl.constexpr = False
 
 
 @triton.jit
-def quant_rows(x, BM: tl.constexpr):
+def quant_rows(x, BM: tl.constexpr, HW: tl.constexpr = False):
     """fp32 [BM, BLK] (one K block of BM rows) -> (e4m3 values as bf16 [BM, BLK], fp32 scale
-    [BM]): the same quantisation as `quant_blocks`, for a GEMV tile that quantises its input."""
+    [BM]): the same quantisation as `quant_blocks`, for a GEMV tile that quantises its input.
+    HW: `e4m3_bits`'s sm_90 conversion (the same bits, about half a GEMV span's code)."""
     sxq = div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-10), 448.0)
     inv = div_rn(tl.full([BM], 1.0, tl.float32), sxq)
-    return e4m3_val(e4m3_bits(x * inv[:, None])).to(tl.bfloat16), sxq
+    return e4m3_val(e4m3_bits(x * inv[:, None], HW)).to(tl.bfloat16), sxq

@@ -211,6 +211,9 @@ class Plan:
     # the MLA combine's chunks of a tile as one [NCH, DC] load and block reductions, not the
     # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
     MCV: bool = False
+    # o_proj's input quantised in its spans on sm_90's conversion unit, not the integer form
+    # (`oproj_hw_quant`, a knob; mono-common `gemv._kblock` HWX: the same bits)
+    OHQ: bool = False
     # the programs that issue this layer's weights' L2 prefetches: every program (0), the last
     # PFN, or none (-1) (set per ISA by `isa_options`, changed by the knob `prefetch_programs`:
     # fewer prefetches queued ahead of the few programs whose dependent loads are a 1-row
@@ -420,6 +423,9 @@ KNOBS = {
     "postnorm_spread": "Plan.PNC, the post-attention norm's rows cut into chunks dealt over the programs as "
                        "norm_spread cuts addnorm's, each chunk's program summing its whole row's squares as the "
                        "one-program form does (the same bits)",
+    "oproj_hw_quant": "Plan.OHQ, o_proj's input (bf16 from the value projection, not quantised by its producer) "
+                      "quantised in its spans on sm_90's conversion unit instead of the integer form: the same "
+                      "bits; the span's sm_90 code 19.1 -> 13.6 KB (Triton 3.8, [6144 x 2048] at 2 rows) (sm_90)",
     "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
@@ -886,6 +892,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "a multiple: build without it")
         else:
             change["PNS"] = plan.BLK
+    if k.get("oproj_hw_quant"):
+        if hip:
+            errors.append("oproj_hw_quant is sm_90's conversion unit: gfx950 has none, build without it")
+        else:
+            change["OHQ"] = True
     if k.get("mlacomb_vec"):
         if hip:
             errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")

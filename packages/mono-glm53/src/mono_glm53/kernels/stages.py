@@ -853,12 +853,13 @@ def stage_wuv(pid, nprog, attn_ptr, wvc_ptr, wvc_s0, wvc_s1, wvc_s2, ov_ptr,
 def stage_oproj(pid, nprog, ov_ptr, wo_ptr, so_ptr, op_ptr,
                 W: tl.constexpr, BM: tl.constexpr, H: tl.constexpr, KO: tl.constexpr,
                 BNS: tl.constexpr, BLK: tl.constexpr, PER9: tl.constexpr, DOTF: tl.constexpr,
-                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0):
+                fix_ptr=None, epoch=0, KSF: tl.constexpr = 0, HWX: tl.constexpr = False):
     # KSF > 0 (Plan.FIX9, a measurement knob): each column tile's last span sums its KSF slots
     # into slot 0 (`gemv.span_fixup`), so postnorm reads one (a one-rank postnorm's row
-    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18)
+    # program summed KS9 = 6 slots of the whole row: a 7.3 us chain at 1 row, session 18).
+    # HWX (Plan.OHQ): the input's e4m3 rounding on sm_90's conversion unit
     gemv_span(pid, ov_ptr, KO, wo_ptr, so_ptr, op_ptr, H, H, KO, W, BM, BNS, BLK, PER9, FMT_FP8, DOT=DOTF,
-              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF)
+              fix_ptr=fix_ptr, epoch=epoch, KSF=KSF, HWX=HWX)
 
 
 @triton.jit
@@ -1744,6 +1745,8 @@ def layer_kernel(
     PNS: tl.constexpr = 0,
     # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
     MCV: tl.constexpr = False,
+    # o_proj's input quantised on the conversion unit (Plan.OHQ, a measurement knob)
+    OHQ: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
     # the last N, -1 none, a TP8 rank's sm_90 default; the knob `prefetch_programs`)
     PFN: tl.constexpr = 0,
@@ -1986,7 +1989,7 @@ def layer_kernel(
         if ok:
             stage_oproj(pid, nprog, _p(row, P.OV, bf16), _p(row, P.WO, u8), _p(row, P.SO, f32),
                         _p(row, P.OP, f32), W, BM, H, NH * VD, BNS, BLK, PER9, DOTF,
-                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0)
+                        _p(row, P.CNT, i32) + FIXOP, epoch, KS9 if FIX9 else 0, OHQ)
     if FIRST <= 16 and LAST >= 16:
         if ok:
             ok = _sync(row, 16, epoch, nprog, pid, FUSED and FIRST < 16, R,
