@@ -38,51 +38,43 @@ def test_fp8_gemv_on_gpu(shape, rows, kw):
         assert rel < BOUND[kw.get("dot", 0)], (li, rel)
 
 
+def _same_partials_as_plain(n, k, rows, sets, seed, x_scale=None, **change):
+    """Whether a 128-column span plan with `change` writes the plain plan's partials bit for bit
+    over `sets` random weight sets (x times x_scale [k] where given)."""
+    import dataclasses
+
+    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(sets, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    s = torch.rand(sets, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
+    x = torch.randn(rows, k, generator=g, device="cuda")
+    x = (x if x_scale is None else x * x_scale).to(torch.bfloat16)
+    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
+    outs = []
+    for p in (plan, dataclasses.replace(plan, **change)):
+        out = alloc_out(p, sets, "cuda")
+        launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
+        outs.append(out)
+    return torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("ahead", [1, 2], ids=["lines", "bulk"])
 @pytest.mark.parametrize("rows", [1, 8])
 def test_next_set_requested_ahead_gives_the_plain_launch_bits(rows, ahead):
     """A plan with l2_ahead (each weight set's successor requested into the L2 before the set
     runs, a line a lane or as bulk prefetches: bench variants s128fqn / s128fqb) writes the
     plain launch's partials bit for bit over 3 sets."""
-    import dataclasses
-
-    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
-
-    n, k = 2624, 6144
-    g = torch.Generator(device="cuda").manual_seed(rows)
-    w = (torch.randn(3, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    s = torch.rand(3, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
-    x = torch.randn(rows, k, generator=g, device="cuda").to(torch.bfloat16)
-    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
-    outs = []
-    for p in (plan, dataclasses.replace(plan, l2_ahead=ahead)):
-        out = alloc_out(p, 3, "cuda")
-        launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    assert _same_partials_as_plain(2624, 6144, rows, 3, rows, l2_ahead=ahead)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 8])
 def test_x_quantised_on_the_conversion_unit_gives_the_integer_forms_bits(rows):
     """A plan with hwx (x quantised in the loop, its e4m3 rounding on sm_90's conversion unit:
     bench variant s128fh, a layer's o_proj form) writes the integer form's partials bit for bit,
-    at o_proj's shape, over x with values across the e4m3 range and ties of its rounding."""
-    import dataclasses
-
-    from mono_common.stages.gemv_host import GemvPlan, alloc_out, launch_gemv
-
-    n, k = 6144, 2048
-    g = torch.Generator(device="cuda").manual_seed(100 + rows)
-    w = (torch.randn(2, n, k, generator=g, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-    s = torch.rand(2, -(-n // 128), k // 128, generator=g, device="cuda") * 1e-3 + 1e-4
-    x = (torch.randn(rows, k, generator=g, device="cuda") * torch.logspace(-3, 3, k, device="cuda")).to(torch.bfloat16)
-    plan = GemvPlan.make(n, k, rows, _nprog(), bn=128, span=True, dot=2)
-    outs = []
-    for p in (plan, dataclasses.replace(plan, hwx=True)):
-        out = alloc_out(p, 2, "cuda")
-        launch_gemv(p, x, w.view(torch.uint8), s, out, barrier=True)
-        outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    at o_proj's shape, over x spanning six decades (each 128-column block its own scale)."""
+    scale = torch.logspace(-3, 3, 2048, device="cuda")
+    assert _same_partials_as_plain(6144, 2048, rows, 2, 100 + rows, scale, hwx=True)
 
 
 @pytest.mark.parametrize("shape", [(2624, 6144), (6144, 2048)], ids=["2624x6144", "6144x2048"])
