@@ -1566,8 +1566,9 @@ def _tkrow_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.cons
                   R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                   TKR: tl.constexpr, SYC: tl.constexpr):
     """Stages 6 and 7 in FIRST..LAST of a step whose rows all have at most TKR tokens (Plan.TKR),
-    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first radix pass ran in the index scores), stage 7 waits for the
-    scores and gives each row's whole top-k to one program (`topk_rows_one`), its search seeded
+    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first
+    radix pass ran in the index scores), stage 7 waits for the scores and gives each row's whole
+    top-k to one program (`topk_rows_one`), its search seeded
     by that pass's histogram (HIST); then hand-offs 8-11 only signal (`_tkrow_signals`): hand-
     off 12 orders the rows' writes before the MLA as hand-off 8 would have."""
     if FIRST <= 7 and LAST >= 7:
@@ -1608,8 +1609,8 @@ def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.c
                      R: tl.constexpr, CLOCK: tl.constexpr, FAULT: tl.constexpr, W: tl.constexpr, TOPK: tl.constexpr,
                      TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr, TSS: tl.constexpr = False):
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS),
-    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first radix pass and the fine histograms ran in the index scores,
-    zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
+    after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first
+    radix pass and the fine histograms ran in the index scores, zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
     the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8
     waits for the thresholds and places every row's keys (`topk_spread_write`); hand-offs 9-11
     only signal: hand-off 12 orders the writes before the MLA as after the radix stages'. TSS
