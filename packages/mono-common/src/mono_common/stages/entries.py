@@ -34,7 +34,7 @@ from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_down_items, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
 from mono_common.stages.numerics import CVT_F16
-from mono_common.stages.prefetch import prefetch_bulk, prefetch_range
+from mono_common.stages.prefetch import prefetch_range
 from mono_common.stages.rope import hadamard, rope_apply
 from mono_common.stages.routing import biased_topk
 from mono_common.stages.topk import (
@@ -99,12 +99,8 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
     for li in range(L):
         if PFN:
             if li + 1 < L:
-                if PFN == 2:
-                    prefetch_bulk(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
-                    prefetch_bulk(pid, nprog, sl + s_lstride, s_lstride * 4, True)
-                else:
-                    prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), True)
-                    prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, True)
+                prefetch_range(pid, nprog, wl + w_lstride, w_lstride * (2 if FMT == FMT_BF16 else 1), PFN)
+                prefetch_range(pid, nprog, sl + s_lstride, s_lstride * 4, PFN)
         if SPAN and CALL:
             gemv_span_call(pid, x_ptr, K, wl, sl, ol, N, N, K, W, BM, BN, BLK, PER, FMT, xs_ptr, XQ, DOT, FASTCVT)
         elif SPAN:

@@ -79,9 +79,13 @@ def build_case(s: GlmLayerShape, rows: int, ctx: int, indexer: bool = True, devi
     return Case(s, w, inputs, caches, hidden, residual, prev, indexer, rows)
 
 
+def _cache_copies(c: Case) -> ref.LayerCaches:
+    return ref.LayerCaches(kv=c.caches.kv.clone(),
+                           index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
+
+
 def reference_out(c: Case):
-    caches = ref.LayerCaches(kv=c.caches.kv.clone(),
-                             index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
+    caches = _cache_copies(c)
     out = ref.decoder_layer(c.hidden, c.residual, c.inputs, caches, c.w, c.s,
                             prev_topk=c.prev_topk, run_indexer=c.indexer)
     return out, caches
@@ -152,12 +156,13 @@ def compare(c: Case, r_out, r_caches, k_out, k_caches, k: GlmLayerKernel | None 
         # right. Where every difference is such a tie (single rank, the kernel object given),
         # the stream and the checks after the attention are against the reference attending
         # over the kernel's own selection (`_reference_on_topk`)
-        rsc = _ref_index_scores(c, r_caches)
+        sets = [(set(int(v) for v in topk[t].tolist() if v >= 0), set(int(v) for v in r_out.topk[t].tolist() if v >= 0))
+                for t in range(n)]
+        # the reference's scores only where some row's sets differ
+        rsc = _ref_index_scores(c, r_caches) if any(a != b for a, b in sets) else None
         ov, swaps = [], []
-        for t in range(n):
-            A = set(int(v) for v in topk[t].tolist() if v >= 0)
-            B = set(int(v) for v in r_out.topk[t].tolist() if v >= 0)
-            o, sw = topk_overlap(A, B, rsc[t])
+        for t, (A, B) in enumerate(sets):
+            o, sw = topk_overlap(A, B, rsc[t] if rsc is not None else None)
             ov.append(o)
             swaps.append(sw)
         m["glm53_layer.topk.overlap_min"] = min(ov)
@@ -230,9 +235,7 @@ def _ref_index_scores(c: Case, r_caches) -> torch.Tensor:
 def _reference_on_topk(c: Case, sel: torch.Tensor):
     """The reference layer of case c attending over the selection `sel` [T, index_topk] (logical
     positions, -1 padded) instead of its own top-k, on copies of the caches."""
-    caches = ref.LayerCaches(kv=c.caches.kv.clone(),
-                             index_k=None if c.caches.index_k is None else c.caches.index_k.clone())
-    return ref.decoder_layer(c.hidden, c.residual, c.inputs, caches, c.w, c.s, prev_topk=sel.to(torch.int32),
+    return ref.decoder_layer(c.hidden, c.residual, c.inputs, _cache_copies(c), c.w, c.s, prev_topk=sel.to(torch.int32),
                              run_indexer=False)
 
 
@@ -242,10 +245,11 @@ def topk_overlap(kset: set[int], rset: set[int], rscores: torch.Tensor) -> tuple
     reference chose whose reference scores both equal exactly the reference's k-th score count
     as agreeing (an exact tie: torch.topk breaks it its own way, the kernel by position, and
     either set is the top-k; at a tiny shape's short rows a dozen index scores can be exactly
-    0, every head's ReLU zero). Sets of different sizes: 0. The swaps are reported beside."""
+    0, every head's ReLU zero). Sets of different sizes: 0. The swaps are reported beside.
+    rscores [positions] may be None where the sets are equal."""
     if len(kset) != len(rset):
         return 0.0, 0
-    if not rset:
+    if kset == rset:
         return 1.0, 0
     thr = min(float(rscores[i]) for i in rset)
     only_k = sum(1 for i in kset - rset if float(rscores[i]) == thr)

@@ -449,10 +449,11 @@ KNOBS = {
                      "needs prefetches: a TP8 rank's default issues none)",
     "prefetch_sites": "Plan.PFS, where the weights are requested into the L2: a list of sites, each once, of "
                       "start (q_a/kv_a and the index wk / weights_proj at the launch's start), qb (q_b and the "
-                      "index wq_b after q_a/kv_a) or latent (the same after hand-off 2, once every q_a/kv_a load is done), "
-                      "oproj (o_proj, the router and the shared expert after absorb) or oproj_late (the same after "
-                      "the index scores) or topk (the same after hand-off 7, where a short step's top-k reads only "
-                      "the L2), down (the routed experts' down rows after gate_up); by every program unless prefetch_programs says (sm_90; the default where "
+                      "index wq_b after q_a/kv_a) or latent (the same after hand-off 2, once every q_a/kv_a load "
+                      "is done), oproj (o_proj, the router and the shared expert after absorb) or oproj_late (the "
+                      "same after the index scores) or topk (the same after hand-off 7, where a short step's top-k "
+                      "reads only the L2), down (the routed experts' down rows after gate_up); by every program "
+                      "unless prefetch_programs says (sm_90; the default where "
                       "prefetches are on: start, qb, oproj, down)",
     "topk_row": "Plan.TKR, a step whose rows all have at most this many tokens (a power of two in 256..4096; "
                 "true: 4096) taking its whole top-k in one stage, one program a row, its other four top-k "
@@ -633,6 +634,10 @@ def _absorb_gather_refusal(s: GlmLayerShape, W: int) -> str | None:
     return None
 
 
+# prefetch sites that request the same weights at different points: a build names one of each
+_SAME_WEIGHT_SITES = (("qb", "latent"), ("oproj", "oproj_late", "topk"))
+
+
 def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, object], errors: list[str]) -> None:
     """Plan.PFS from the knob `prefetch_sites` (site names, `stages.PFS_SITES`), into `change`,
     or the reasons it is refused into `errors`. A build without prefetches (PFN -1, a TP8 rank's
@@ -653,11 +658,10 @@ def _prefetch_sites(sites, programs, plan: Plan, hip: bool, change: dict[str, ob
         errors.append(f"prefetch_sites {bad} are not sites (known: {names})")
     if twice:
         errors.append(f"prefetch_sites {list(sites)} names a site twice")
-    same = [x for x in ("oproj", "oproj_late", "topk") if x in sites]
-    if len(same) > 1:
-        errors.append(f"prefetch_sites {' and '.join(same)} request the same weights: name one of them")
-    if "qb" in sites and "latent" in sites:
-        errors.append("prefetch_sites qb and latent request the same weights: name one of them")
+    for group in _SAME_WEIGHT_SITES:
+        same = [x for x in group if x in sites]
+        if len(same) > 1:
+            errors.append(f"prefetch_sites {' and '.join(same)} request the same weights: name one of them")
     if type(programs) is int and programs == 0:
         errors.append("prefetch_sites with prefetch_programs 0 (no prefetch) requests nothing: drop one of them")
     if bad or twice:

@@ -1828,6 +1828,8 @@ def layer_kernel(
     # PF 2 (PFB): as bulk prefetches (mono-common `prefetch.prefetch_range` ON 2)
     PF: tl.constexpr = ((2 if PFB else 1) if CLOCK == 0 and PFN >= 0 else 0)
     GS: tl.constexpr = 8 if CLOCK == 0 else 0
+    # the site after hand-off 7 (PFS_TOPK), in every top-k path
+    PFT: tl.constexpr = FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0
     if FUSED and FIRST == 0 and (PFS & PFS_START) != 0:
         _prefetch_pf(pid, nprog, _p(row, P.WQKV, u8), NQKV * H, PF, PFN)
         if INDEXER:
@@ -1911,8 +1913,7 @@ def layer_kernel(
         if _tk_rows_short(_p(row, P.SEQLEN, i32), W, TKR):
             ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SY)
             if ok:
-                _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E,
-                                    I, PF, PFN)
+                _prefetch_topk_site(row, pid, nprog, PFT, H, NH, VD, E, I, PF, PFN)
             ok = _tkrow_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKR, SY)
             if TKA and FIRST <= 7 and LAST >= 7:
                 # the programs below the rows' (all of them when there are no more programs
@@ -1927,27 +1928,24 @@ def layer_kernel(
                                  HADAMARD, MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, 2)
             ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
-            _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I,
-                                PF, PFN)
+            _prefetch_topk_site(row, pid, nprog, PFT, H, NH, VD, E, I, PF, PFN)
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     elif TKS > 0 and INDEXER:
         if _tk_spread_step(row, W, TKS, INDEXER):
             ok = _tk_short_entry(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, SY)
             if ok:
-                _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E,
-                                    I, PF, PFN)
+                _prefetch_topk_site(row, pid, nprog, PFT, H, NH, VD, E, I, PF, PFN)
             ok = _tkspread_stages(row, ok, epoch, nprog, pid, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, TKS, RKS,
                                   SY, TSS)
         else:
-            _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I,
-                                PF, PFN)
+            _prefetch_topk_site(row, pid, nprog, PFT, H, NH, VD, E, I, PF, PFN)
             ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                               TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     else:
         # a build without TKR or TKS compiles no short-step path: the condition above is a runtime value, and
         # Triton compiles both sides of a runtime branch
-        _prefetch_topk_site(row, pid, nprog, FUSED and FIRST == 0 and (PFS & PFS_TOPK) != 0, H, NH, VD, E, I, PF, PFN)
+        _prefetch_topk_site(row, pid, nprog, PFT, H, NH, VD, E, I, PF, PFN)
         ok = _topk_stages(row, ok, epoch, nprog, pid, nck, FIRST, LAST, FUSED, R, CLOCK, FAULT, W, TOPK, INDEXER,
                           TKF, TKL, TKW, TKP, PADS, PADKB, SY)
     if FIRST <= 12 and LAST >= 12:
