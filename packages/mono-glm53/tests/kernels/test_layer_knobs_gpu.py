@@ -66,8 +66,9 @@ KNOB_SETS = {
     "prefetch_all": dict(prefetch_programs=True),
     # the prefetches at three of their sites only, o_proj's set after the index scores
     "prefetch_sites": dict(prefetch_sites=["qb", "oproj_late", "down"]),
-    # o_proj's input rounded to e4m3 on the conversion unit in its spans (the same bits)
-    "oproj_hw_quant": dict(oproj_hw_quant=True),
+    # o_proj's input rounded to e4m3 by the integer form in its spans (the default: on the
+    # conversion unit): the same bits
+    "oproj_int_quant": dict(oproj_hw_quant=False),
     # every program's prefetches as bulk prefetches (16 KB an instruction)
     "prefetch_bulk": dict(prefetch_programs=True, prefetch_bulk=True),
     # the whole top-k of a step with rows of at most 4096 tokens in one stage, one program a

@@ -94,17 +94,17 @@ def test_isa_options_pipeline_down_and_convert_fast_on_a_tp8_rank_of_sm90_only_a
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     assert tp8.moe_inter_per_rank <= 2 * tp8.block < tp4.moe_inter_per_rank
-    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": True, "IF16": True, "TKP": True, "PFN": -1}
+    assert isa_options("sm_90", tp8) == {"DSTG": 3, "FASTCVT": True, "XQP": True, "HWQ": True, "OHQ": True,
+                                         "TKF": True, "MF16": True, "IF16": True, "TKP": True, "PFN": -1}
     # a TP4 rank and the whole layer: more K blocks a slot, which spilled on sm_90
-    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                         "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
-    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "TKF": True,
-                                          "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
+    assert isa_options("sm_90", tp4) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "OHQ": True,
+                                         "TKF": True, "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
+    assert isa_options("sm_90", REAL) == {"DSTG": 0, "FASTCVT": False, "XQP": True, "HWQ": True, "OHQ": True,
+                                          "TKF": True, "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
     # gfx950: the PTX conversion does not exist, the pipelined loop is not resource-checked,
     # and producer quantisation spilled its scalar registers
-    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "TKF": False,
-                                          "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
+    assert isa_options("gfx950", tp8) == {"DSTG": 0, "FASTCVT": False, "XQP": False, "HWQ": False, "OHQ": False,
+                                          "TKF": False, "MF16": False, "IF16": False, "TKP": False, "PFN": 0}
 
 
 def test_hist_in_scores_is_sm90s_default_and_its_knob_turns_it_off_or_on():
@@ -524,16 +524,19 @@ def test_prefetch_programs_deals_the_prefetches_over_the_last_programs_or_none()
         _with_knobs(hip, s, 264, {"prefetch_programs": 64}, hip=True)
 
 
-def test_oproj_hw_quant_is_an_sm_90_form():
-    """oproj_hw_quant sets Plan.OHQ (o_proj's input rounded to e4m3 on the conversion unit in
-    its spans); gfx950, which has no such unit, refuses it."""
+@pytest.mark.parametrize("tp", [8, 4, 1])
+def test_oproj_hw_quant_is_the_sm_90_default(tp):
+    """Plan.OHQ (o_proj's input rounded to e4m3 on the conversion unit in its spans) is every
+    sm_90 shape's default, which the knob oproj_hw_quant false turns off; gfx950, which has no
+    such unit, builds without it and refuses the knob true."""
     from mono_glm53.kernels.layer import _with_knobs, isa_options
 
-    s = REAL.tp_shard(8, 0)
+    s = REAL.tp_shard(tp, 0) if tp > 1 else REAL
     sm = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("sm_90", s))
-    assert not sm.OHQ and _with_knobs(sm, s, 264, {"oproj_hw_quant": True}).OHQ
+    assert sm.OHQ and _with_knobs(sm, s, 264, {"oproj_hw_quant": True}).OHQ
     assert not _with_knobs(sm, s, 264, {"oproj_hw_quant": False}).OHQ
     hip = dataclasses.replace(make_plan(s, 2, True, 264), **isa_options("gfx950", s))
+    assert not hip.OHQ and not _with_knobs(hip, s, 264, {"oproj_hw_quant": False}, hip=True).OHQ
     with pytest.raises(ValueError, match=r"oproj_hw_quant is sm_90's conversion unit: gfx950 has none"):
         _with_knobs(hip, s, 264, {"oproj_hw_quant": True}, hip=True)
 

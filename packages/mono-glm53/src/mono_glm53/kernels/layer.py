@@ -212,7 +212,8 @@ class Plan:
     # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
     MCV: bool = False
     # o_proj's input quantised in its spans on sm_90's conversion unit, not the integer form
-    # (`oproj_hw_quant`, a knob; mono-common `gemv._kblock` HWX: the same bits)
+    # (set per ISA by `isa_options`, off with the knob `oproj_hw_quant`; mono-common
+    # `gemv._kblock` HWX: the same bits)
     OHQ: bool = False
     # the programs that issue this layer's weights' L2 prefetches: every program (0), the last
     # PFN, or none (-1) (set per ISA by `isa_options`, changed by the knob `prefetch_programs`:
@@ -425,7 +426,8 @@ KNOBS = {
                        "one-program form does (the same bits)",
     "oproj_hw_quant": "Plan.OHQ, o_proj's input (bf16 from the value projection, not quantised by its producer) "
                       "quantised in its spans on sm_90's conversion unit instead of the integer form: the same "
-                      "bits; the span's sm_90 code 19.1 -> 13.6 KB (Triton 3.8, [6144 x 2048] at 2 rows) (sm_90)",
+                      "bits; the span's sm_90 code 19.1 -> 13.6 KB (Triton 3.8, [6144 x 2048] at 2 rows). The "
+                      "sm_90 default (`isa_options`); False: the integer form",
     "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
@@ -896,11 +898,11 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
                           "a multiple: build without it")
         else:
             change["PNS"] = plan.BLK
-    if k.get("oproj_hw_quant"):
-        if hip:
+    if "oproj_hw_quant" in k:
+        if k["oproj_hw_quant"] and hip:
             errors.append("oproj_hw_quant is sm_90's conversion unit: gfx950 has none, build without it")
         else:
-            change["OHQ"] = True
+            change["OHQ"] = bool(k["oproj_hw_quant"])
     if k.get("mlacomb_vec"):
         if hip:
             errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")
@@ -1700,7 +1702,7 @@ NUM_WARPS = 4
 
 
 def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
-    """Plan.DSTG, FASTCVT, XQP, HWQ, TKF, MF16, IF16, TKP and PFN of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
+    """Plan.DSTG, FASTCVT, XQP, HWQ, OHQ, TKF, MF16, IF16, TKP and PFN of shape `s`'s kernel compiled for `isa` ("sm_90"/"gfx950").
 
     sm_90, where a rank's expert K is at most two blocks (a TP8 rank): the MoE down slot loop
     as a pipelined loop (num_stages 3; its TTGIR keeps one slot's copies in flight, see
@@ -1724,7 +1726,11 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     Triton 3.8; under 3.6 36 bytes at 2 rows (12 without it), as timed above.
 
     HWQ (the producers' e4m3 roundings on the conversion unit) on every sm_90 shape: the same
-    bits, less code. With the waits' failure path a call (mono-common 0.1.14), it is also what
+    bits, less code. OHQ, the same rounding of o_proj's input inside its spans (the knob
+    `oproj_hw_quant` false turns it off), with it: the same bits (the bench's digest) and the
+    span's code 18.4 -> 12.9 KB; H100, served TP8 shard, ctx 4096, session 40, one call:
+    150.0-150.6 -> 146.3 us at 1 row and 286.4-287.4 -> 283.3 at 8 (o_proj's stamp 13.9 ->
+    10.0 and 15.0 -> 11.1 us). With the waits' failure path a call (mono-common 0.1.14), it is also what
     keeps the sm_90 builds at 0 spills under Triton 3.8 (without it TP8 at 8 rows spills 8
     bytes); under 3.6 they spill 8-12 bytes either way (CHANGELOG 0.3.16). gfx950: its cast is
     not checked against torch on hardware here.
@@ -1762,9 +1768,9 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
     """
     sm = isa.startswith("sm")
     if sm and s.moe_inter_per_rank <= 2 * s.block:
-        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": True, "IF16": True,
-                "TKP": True, "PFN": -1}
-    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "TKF": sm, "MF16": False, "IF16": False,
+        return {"DSTG": 3, "FASTCVT": True, "XQP": sm, "HWQ": sm, "OHQ": sm, "TKF": sm, "MF16": True,
+                "IF16": True, "TKP": True, "PFN": -1}
+    return {"DSTG": 0, "FASTCVT": False, "XQP": sm, "HWQ": sm, "OHQ": sm, "TKF": sm, "MF16": False, "IF16": False,
             "TKP": False, "PFN": 0}
 
 

@@ -1746,7 +1746,7 @@ def layer_kernel(
     PNS: tl.constexpr = 0,
     # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
     MCV: tl.constexpr = False,
-    # o_proj's input quantised on the conversion unit (Plan.OHQ, a measurement knob)
+    # o_proj's input quantised on the conversion unit (Plan.OHQ: sm_90's default, `isa_options`)
     OHQ: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
     # the last N, -1 none, a TP8 rank's sm_90 default; the knob `prefetch_programs`)
