@@ -142,7 +142,8 @@ def test_plan_knobs_give_the_default_bits():
     to f16 for f16 MMAs of the same products) and down_ids (down's slot ids read once as a
     vector, one and two slots a step) and count_in_write (the top-k's write counting rows of at
     most 64 tokens itself, the count stage left out; at 32 the rows are longer and the count
-    stage counts them) and silu_fold (each slot's last gate_up tile runs its SiLU) write
+    stage counts them) and silu_fold (each slot's last gate_up tile runs its SiLU) and qb_pair
+    (q_b and the indexer's wq_b as one loop over each program's spans of both) write
     the default launch's outputs, MLA rows, index keys and top-k; out-of-range values are
     refused, all at once."""
     import torch
@@ -165,7 +166,7 @@ def test_plan_knobs_give_the_default_bits():
                dict(gateup_dot=1), dict(qkva_programs=20, index_split=2), dict(norm_spread=False), dict(postnorm_spread=True),
                dict(moe_f16=False), dict(gateup_dot=1, down_step=2), dict(index_f16=False),
                dict(down_ids=True), dict(down_ids=True, down_step=2), dict(count_in_write=64),
-               dict(count_in_write=32), dict(silu_fold=True), dict(silu_fold=True, down_step=2)):
+               dict(count_in_write=32), dict(silu_fold=True), dict(silu_fold=True, down_step=2), dict(qb_pair=True)):
         k, b, cb = run(**kw)
         assert all(torch.equal(x[:3], y[:3]) for x, y in zip(a, b)), kw
         assert torch.equal(ca.kv, cb.kv) and torch.equal(ca.index_k, cb.index_k), kw
@@ -176,6 +177,8 @@ def test_plan_knobs_give_the_default_bits():
             assert k.plan.ANC == 0
         if "postnorm_spread" in kw:
             assert k.plan.PNC == 4
+        if "qb_pair" in kw:
+            assert k.plan.QBP
     with pytest.raises(ValueError, match=r"unknown knobs \['gate_split'\].*; down_step 3 is not 1 or 2; gateup_dot 2 "
                                          r"is not 0 or 1.*; gateup_split 5 does not divide the 8 K blocks.*; "
                                          r"qkva_programs 24 is not 0 \(no split\) or in 1..23"):

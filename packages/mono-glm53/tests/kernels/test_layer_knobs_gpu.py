@@ -66,6 +66,8 @@ KNOB_SETS = {
     "prefetch_all": dict(prefetch_programs=True),
     # the prefetches at three of their sites only, o_proj's set after the index scores
     "prefetch_sites": dict(prefetch_sites=["qb", "oproj_late", "down"]),
+    # q_b and the indexer's wq_b as one loop over each program's spans of both
+    "qb_pair": dict(qb_pair=True),
     # o_proj's input rounded to e4m3 by the integer form in its spans (the default: on the
     # conversion unit): the same bits
     "oproj_int_quant": dict(oproj_hw_quant=False),

@@ -541,6 +541,18 @@ def test_oproj_hw_quant_is_the_sm_90_default(tp):
         _with_knobs(hip, s, 264, {"oproj_hw_quant": True}, hip=True)
 
 
+def test_qb_pair_needs_the_indexer():
+    """qb_pair sets Plan.QBP (q_b and wq_b as one loop); a build without the indexer, whose
+    stage runs q_b alone, refuses it."""
+    from mono_glm53.kernels.layer import _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert not plan.QBP and _with_knobs(plan, s, 264, {"qb_pair": True}).QBP
+    with pytest.raises(ValueError, match=r"qb_pair runs q_b beside the indexer's wq_b: a build without the indexer"):
+        _with_knobs(make_plan(s, 2, False, 264), s, 264, {"qb_pair": True})
+
+
 def test_prefetch_bulk_needs_prefetches_and_sm_90():
     """prefetch_bulk sets Plan.PFB where the build issues prefetches (prefetch_sites or
     prefetch_programs at a TP8 rank, whose sm_90 default issues none; a TP4 rank's default

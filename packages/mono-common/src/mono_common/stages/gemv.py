@@ -22,6 +22,8 @@ Two ways to split the work over the resident programs:
     program writes stay as allocated (zero), so the consumer sums a fixed count of slots.
   * `gemv_span_call`: `gemv_span` as a call of one copy of its code, its shapes runtime values,
     so the GEMVs of a kernel that share its constexprs share the code a launch fetches.
+  * `gemv_span_pair`: two GEMVs over the same x, each in its own spans, as one loop (one copy
+    of the span's code in the program that runs both).
 A column tile is BN columns (a multiple of 16, BN <= 2 * BLK: each K step loads a [BN, BLK]
 weight block, BN * BLK bytes in flight per program per step for FP8). PRE issues the next
 block's weight load before the current block's math (a register double buffer), so two blocks
@@ -192,6 +194,47 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
             nspan = ((nt + 1) * NKB - 1) // PER - (nt * NKB) // PER + 1
             span_fixup(fix_ptr + nt, epoch * nspan, out_ptr, nt * BN, N, NSTR, W, BN, KSF)
         i = nt * NKB + kb1
+
+
+@triton.jit
+def gemv_span_pair(p, x_ptr, sx, xs_ptr, K,
+                   wa_ptr, sa_ptr, oa_ptr, NA, PERA,
+                   wb_ptr, sb_ptr, ob_ptr, NB, PERB,
+                   W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
+                   FMT: tl.constexpr, XQ: tl.constexpr = False, DOT: tl.constexpr = 0,
+                   LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, HWX: tl.constexpr = False):
+    """Two GEMVs over the same x [W, K] (xs, XQ: as `gemv_span`'s): A [NA, K] (weights wa,
+    scales sa, partials oa [SLOTS, W, NA]) in spans of PERA items and B [NB, K] likewise in spans
+    of PERB, program p running its span of A then its span of B as `gemv_span` twice would, in
+    one loop over both spans' segments: each segment's weights, scales, partials and column
+    count selected at run time, so a launch runs one copy of the span's code, not two. The
+    same partials in the same slots, so the same bits as the two calls."""
+    NKB = K // BLK
+    a0 = p * PERA
+    a1 = tl.minimum(a0 + PERA, (NA + BN - 1) // BN * NKB)
+    b0 = p * PERB
+    b1 = tl.minimum(b0 + PERB, (NB + BN - 1) // BN * NKB)
+    na = tl.maximum(a1 - a0, 0)
+    nall = na + tl.maximum(b1 - b0, 0)
+    rows = tl.arange(0, BM)
+    rmask = rows < W
+    j = 0
+    while j < nall:
+        in_a = j < na
+        i = tl.where(in_a, a0 + j, b0 + j - na)
+        i1 = tl.where(in_a, a1, b1)
+        n = tl.where(in_a, NA, NB)
+        nt = i // NKB
+        kb1 = tl.minimum(i1 - nt * NKB, NKB)
+        cols = nt * BN + tl.arange(0, BN)
+        cmask = cols < n
+        acc = _zero_acc(BM, BN, DOT)
+        acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, tl.where(in_a, wa_ptr, wb_ptr),
+                     tl.where(in_a, sa_ptr, sb_ptr), cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, False, DOT,
+                     LSTG, FASTCVT, HWX)
+        slot = p - (nt * NKB) // tl.where(in_a, PERA, PERB)
+        _store(tl.where(in_a, oa_ptr, ob_ptr) + slot * (W * n), acc, rows, rmask, cols, cmask, n, DOT)
+        j += nt * NKB + kb1 - i
 
 
 @triton.jit(noinline=True)

@@ -211,6 +211,9 @@ class Plan:
     # the MLA combine's chunks of a tile as one [NCH, DC] load and block reductions, not the
     # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
     MCV: bool = False
+    # q_b and the indexer's wq_b as one loop over each program's spans of both (`qb_pair`, a
+    # knob; mono-common `gemv.gemv_span_pair`: one copy of the span's code, the same bits)
+    QBP: bool = False
     # o_proj's input quantised in its spans on sm_90's conversion unit, not the integer form
     # (set per ISA by `isa_options`, off with the knob `oproj_hw_quant`; mono-common
     # `gemv._kblock` HWX: the same bits)
@@ -428,6 +431,9 @@ KNOBS = {
                       "quantised in its spans on sm_90's conversion unit instead of the integer form: the same "
                       "bits; the span's sm_90 code 19.1 -> 13.6 KB (Triton 3.8, [6144 x 2048] at 2 rows). The "
                       "sm_90 default (`isa_options`); False: the integer form",
+    "qb_pair": "Plan.QBP, q_b and the indexer's wq_b (both over q_a's normed row) as one loop over each program's "
+               "span of each (mono-common gemv_span_pair), where the default runs two inlined span loops: one copy "
+               "of the span's code instead of two, the same partials (the same bits); with the indexer only",
     "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
@@ -903,6 +909,12 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("oproj_hw_quant is sm_90's conversion unit: gfx950 has none, build without it")
         else:
             change["OHQ"] = bool(k["oproj_hw_quant"])
+    if k.get("qb_pair"):
+        if not plan.INDEXER:
+            errors.append("qb_pair runs q_b beside the indexer's wq_b: a build without the indexer has q_b alone, "
+                          "build without it")
+        else:
+            change["QBP"] = True
     if k.get("mlacomb_vec"):
         if hip:
             errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")

@@ -84,7 +84,7 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge, wait_ge_spin
 from mono_common.device.timer import now
-from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span
+from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span, gemv_span_pair
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
@@ -528,14 +528,20 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None, fine=False):
+             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None, fine=False, QBP: tl.constexpr = False):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's)
-    gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
-              XQP, DOT=DOTF)
+    # holds the quantised values and qns_ptr their scales (stage_latent's). QBP: both spans as
+    # one loop (one copy of the span's code, the same partials)
+    if INDEXER and QBP:
+        gemv_span_pair(pid, qn_ptr, QL, qns_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, PER3, wiq_ptr, siq_ptr, iq_ptr,
+                       NIQ, PERQ, W, BM, BNS, BLK, FMT_FP8, XQP, DOTF)
+    else:
+        gemv_span(pid, qn_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, NQB, QL, W, BM, BNS, BLK, PER3, FMT_FP8, qns_ptr,
+                  XQP, DOT=DOTF)
+        if INDEXER:
+            gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
+                      qns_ptr, XQP, DOT=DOTF)
     if INDEXER:
-        gemv_span(pid, qn_ptr, QL, wiq_ptr, siq_ptr, iq_ptr, NIQ, NIQ, QL, W, BM, BNS, BLK, PERQ, FMT_FP8,
-                  qns_ptr, XQP, DOT=DOTF)
         if TKF:
             # the top-k histograms zeroed here, not by the index scores, which add to them
             # (Plan.TKF), dealt from the last program down
@@ -1746,6 +1752,8 @@ def layer_kernel(
     PNS: tl.constexpr = 0,
     # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
     MCV: tl.constexpr = False,
+    # q_b and wq_b as one loop over each program's spans of both (Plan.QBP, a measurement knob)
+    QBP: tl.constexpr = False,
     # o_proj's input quantised on the conversion unit (Plan.OHQ: sm_90's default, `isa_options`)
     OHQ: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
@@ -1875,7 +1883,7 @@ def layer_kernel(
                      _p(row, P.QB, f32), _p(row, P.WIQ, u8), _p(row, P.SIQ, f32), _p(row, P.IQ, f32),
                      _p(row, P.QNS, f32), W, BM, QL, NQB, NIQ, INDEXER, BNS, BLK, PER3, PERQ, DOTF, XQP,
                      _p(row, P.TKH, i32) if TKF else None, TKF, _p(row, P.TKFINE, i32) if TKS > 0 else None,
-                     _tk_spread_step(row, W, TKS, INDEXER))
+                     _tk_spread_step(row, W, TKS, INDEXER), QBP)
     if FIRST <= 4 and LAST >= 4:
         if ok:
             ok = _sync(row, 4, epoch, nprog, pid, FUSED and FIRST < 4, R,
