@@ -9,8 +9,7 @@ import pytest
 triton = pytest.importorskip("triton")
 
 from mono_common import compilecheck as cc  # noqa: E402
-from mono_common.stages.entries import gemv_entry  # noqa: E402
-from mono_common.stages.gemv import FMT_FP8, gemv_span, gemv_span_pair  # noqa: E402
+from mono_common.stages.entries import gemv_entry, gemv_pair_entry  # noqa: E402
 
 GEMV_SIG = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*u8", "s_ptr": "*fp32", "out_ptr": "*fp32",
             "bar_ptr": "*i32", "L": "i32", "fix_ptr": "*i32"}
@@ -60,8 +59,8 @@ def test_gemv_entry_with_the_next_set_requested_ahead_compiles_without_spills(pf
 def test_gemv_entry_quantising_x_on_the_conversion_unit_compiles_smaller(record_property):
     """bench variant s128fh (HWX, sm_90 only): a layer's o_proj form, x quantised in the loop,
     its e4m3 rounding on the conversion unit: 0 spills, two programs an SM, and less SASS than
-    the integer form (19.1 against 13.6 KB under Triton 3.8
-    at [6144 x 2048], 2 rows: the bound is the integer form's size less 4 KB)."""
+    the integer form (19.1 against 13.6 KB under Triton 3.8 at [6144 x 2048], 2 rows: the bound
+    is the integer form's size less 4 KB)."""
     ce = dict(N=6144, K=2048, W=2, BM=16, BN=128, BLK=128, KS=1, PER=3, SLOTS=6, SPAN=True, FMT=1, XQ=False,
               PRE=False, DOT=2, BAR=True, AMD=False)
     size = {}
@@ -311,21 +310,6 @@ def test_flag_handoff_compiles_without_spills(target, entry, record_property):
             assert op in text, op
 
 
-@triton.jit
-def _span_pair_entry(x_ptr, xs_ptr, wa_ptr, sa_ptr, oa_ptr, wb_ptr, sb_ptr, ob_ptr, W: triton.language.constexpr,
-                     BM: triton.language.constexpr, XQ: triton.language.constexpr, PAIR: triton.language.constexpr):
-    # GLM-5.3's TP8 q_b [2048 x 2048] and the indexer's wq_b [4096 x 2048] on 264 programs
-    p = triton.language.program_id(0)
-    if PAIR:
-        gemv_span_pair(p, x_ptr, 2048, xs_ptr, 2048, wa_ptr, sa_ptr, oa_ptr, 2048, 1, wb_ptr, sb_ptr, ob_ptr, 4096, 2,
-                       W, BM, 128, 128, FMT_FP8, XQ, 2)
-    else:
-        gemv_span(p, x_ptr, 2048, wa_ptr, sa_ptr, oa_ptr, 2048, 2048, 2048, W, BM, 128, 128, 1, FMT_FP8, xs_ptr, XQ,
-                  DOT=2)
-        gemv_span(p, x_ptr, 2048, wb_ptr, sb_ptr, ob_ptr, 4096, 4096, 2048, W, BM, 128, 128, 2, FMT_FP8, xs_ptr, XQ,
-                  DOT=2)
-
-
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
 def test_span_pair_compiles_without_spills_in_less_code(target, record_property):
     """`gemv.gemv_span_pair` (mono-glm53's knob qb_pair) at the TP8 rank's q_b and wq_b, 2 rows, x
@@ -335,8 +319,10 @@ def test_span_pair_compiles_without_spills_in_less_code(target, record_property)
            "wb_ptr": "*u8", "sb_ptr": "*fp32", "ob_ptr": "*fp32"}
     size = {}
     for pair in (False, True):
-        res = cc.compile_kernel(_span_pair_entry, sig, dict(W=2, BM=16, XQ=True, PAIR=pair), target, num_warps=4,
-                                pointer_align=16, num_stages=STAGES[target], amd_buffer_ops=False)
+        # GLM-5.3's TP8 q_b [2048 x 2048] and the indexer's wq_b [4096 x 2048] on 264 programs
+        ce = dict(NA=2048, NB=4096, PERA=1, PERB=2, K=2048, W=2, BM=16, BN=128, XQ=True, DOT=2, PAIR=pair)
+        res = cc.compile_kernel(gemv_pair_entry, sig, ce, target, num_warps=4, pointer_align=16,
+                                num_stages=STAGES[target], amd_buffer_ops=False)
         assert res.spills == 0 and res.max_resident() >= RESIDENT[target], cc.format_resources(res)
         if target == "sm_90":
             size[pair] = cc.sass_bytes(res)

@@ -5,13 +5,11 @@ and pre-quantised activations, column counts that leave a partial column tile.""
 import pytest
 
 torch = pytest.importorskip("torch")
-triton = pytest.importorskip("triton")
-
-import triton.language as tl  # noqa: E402
+pytest.importorskip("triton")
 
 from mono_common.ref.fp8 import per_token_group_quant  # noqa: E402
 from mono_common.ref.gemv import bf16_gemv, block_fp8_gemv  # noqa: E402
-from mono_common.stages.gemv import FMT_FP8, gemv_span, gemv_span_pair, span_per, span_slots  # noqa: E402
+from mono_common.stages.gemv import span_per, span_slots  # noqa: E402
 from mono_common.stages.gemv_host import GemvPlan, run_gemv  # noqa: E402
 
 N, K = 200, 512  # 200 = one full and one partial tile of 128 columns; 4 K blocks
@@ -180,21 +178,6 @@ def test_called_span_gives_the_inline_spans_partials(nprog):
         launch_gemv(plan, x[:3], w, s, alloc_out(plan, 2, "cpu"), fixup=True)
 
 
-@triton.jit
-def _pair(x_ptr, xs_ptr, wa_ptr, sa_ptr, oa_ptr, wb_ptr, sb_ptr, ob_ptr, NA, NB, PERA, PERB,
-          K: tl.constexpr, W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, XQ: tl.constexpr,
-          DOT: tl.constexpr, PAIR: tl.constexpr):
-    p = tl.program_id(0)
-    if PAIR:
-        gemv_span_pair(p, x_ptr, K, xs_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, PERA, wb_ptr, sb_ptr, ob_ptr, NB,
-                       PERB, W, BM, BN, 128, FMT_FP8, XQ, DOT)
-    else:
-        gemv_span(p, x_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, NA, K, W, BM, BN, 128, PERA, FMT_FP8, xs_ptr, XQ,
-                  DOT=DOT)
-        gemv_span(p, x_ptr, K, wb_ptr, sb_ptr, ob_ptr, NB, NB, K, W, BM, BN, 128, PERB, FMT_FP8, xs_ptr, XQ,
-                  DOT=DOT)
-
-
 @pytest.mark.parametrize("nprog", [3, 5])
 @pytest.mark.parametrize("xq,dot", [(False, 0), (True, 2), (False, 2)], ids=["xw", "xq-fp8", "fp8"])
 def test_span_pair_gives_the_two_spans_partials(nprog, xq, dot):
@@ -203,15 +186,19 @@ def test_span_pair_gives_the_two_spans_partials(nprog, xq, dot):
     the partials two gemv_span calls write, bit for bit, and both meet the reference."""
     x, wa, sa = _weights(200, K, seed=3)
     _, wb, sb = _weights(384, K, seed=4)
-    xin, xs = (x, x.float()) if not xq else (lambda q: (q[0].to(torch.bfloat16), q[1].contiguous()))(
-        per_token_group_quant(x, 128))
+    from mono_common.stages.entries import gemv_pair_entry
+
+    xin, xs = x, x.float()  # xs unread without XQ
+    if xq:
+        q, qs = per_token_group_quant(x, 128)
+        xin, xs = q.to(torch.bfloat16), qs.contiguous()
     pera, perb = span_per(200, K, 128, 128, nprog), span_per(384, K, 128, 128, nprog)
     got = {}
     for pair in (False, True):
         oa = torch.zeros(span_slots(K, 128, pera), 3, 200)
         ob = torch.zeros(span_slots(K, 128, perb), 3, 384)
-        _pair[(nprog,)](xin, xs, wa[0], sa[0], oa, wb[0], sb[0], ob, 200, 384, pera, perb, K=K, W=3, BM=16, BN=128,
-                       XQ=xq, DOT=dot, PAIR=pair)
+        gemv_pair_entry[(nprog,)](xin, xs, wa[0], sa[0], oa, wb[0], sb[0], ob, NA=200, NB=384, PERA=pera, PERB=perb,
+                                  K=K, W=3, BM=16, BN=128, XQ=xq, DOT=dot, PAIR=pair)
         got[pair] = (oa, ob)
     assert torch.equal(got[False][0], got[True][0]) and torch.equal(got[False][1], got[True][1])
     tol = 1e-6 if dot == 0 else 2e-2  # e4m3 x e4m3 MMAs quantise x; the bf16 form holds it exact

@@ -9,6 +9,8 @@ instead (a bench variant; its bar holds handoff.BAR_WORDS words; AMD: for a ROCm
 
   gemv_entry     `stages.gemv` over x [W, K] -> partials [L][SLOTS, W, N] fp32 (FIX: the spans'
                  column tiles summed into slot 0 by their last span, `gemv.span_fixup`)
+  gemv_pair_entry  two FP8 GEMVs over one x [W, K] -> partials [SLOTS, W, NA] and [SLOTS, W, NB],
+                 as `gemv.gemv_span_pair` (PAIR) or as two `gemv_span` calls (one set, no hand-off)
   topk_entry     one stage of `stages.topk` (STAGE 0-3 the radix passes, 4 count, 5 write; 6
                  one program a row of at most SHORT tokens, `topk_rows_one`)
   topk_spread_entry  one stage of the spread form (STAGE 0 radix pass 0 and the fine histograms,
@@ -29,7 +31,7 @@ import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
-from mono_common.stages.gemv import FMT_BF16, gemv_span, gemv_span_call, gemv_tile
+from mono_common.stages.gemv import FMT_BF16, FMT_FP8, gemv_span, gemv_span_call, gemv_span_pair, gemv_tile
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_down_items, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
@@ -118,6 +120,20 @@ def gemv_entry(x_ptr, xs_ptr, w_ptr, s_ptr, out_ptr, bar_ptr, L,
         wl += w_lstride
         sl += s_lstride
         ol += o_lstride
+
+
+@triton.jit
+def gemv_pair_entry(x_ptr, xs_ptr, wa_ptr, sa_ptr, oa_ptr, wb_ptr, sb_ptr, ob_ptr,
+                    NA: tl.constexpr, NB: tl.constexpr, PERA: tl.constexpr, PERB: tl.constexpr, K: tl.constexpr,
+                    W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, XQ: tl.constexpr, DOT: tl.constexpr,
+                    PAIR: tl.constexpr):
+    p = tl.program_id(0)
+    if PAIR:
+        gemv_span_pair(p, x_ptr, K, xs_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, PERA, wb_ptr, sb_ptr, ob_ptr, NB, PERB,
+                       W, BM, BN, 128, FMT_FP8, XQ, DOT)
+    else:
+        gemv_span(p, x_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, NA, K, W, BM, BN, 128, PERA, FMT_FP8, xs_ptr, XQ, DOT=DOT)
+        gemv_span(p, x_ptr, K, wb_ptr, sb_ptr, ob_ptr, NB, NB, K, W, BM, BN, 128, PERB, FMT_FP8, xs_ptr, XQ, DOT=DOT)
 
 
 @triton.jit

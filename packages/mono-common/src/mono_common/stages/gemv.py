@@ -160,6 +160,27 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
 
 
 @triton.jit
+def _span_segment(p, i, i1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, out_ptr, N, NSTR, PER, K, rows, rmask,
+                  W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
+                  XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr, LSTG: tl.constexpr,
+                  FASTCVT: tl.constexpr, HWX: tl.constexpr):
+    """One segment of span p (spans of PER items, the span ending at item i1): from item i to the
+    end of its column tile or of the span, summed in K order into the tile's partial slot p -
+    first(tile) of out [SLOTS, W, NSTR]. Returns (the tile, the K block after the segment's)."""
+    NKB = K // BLK
+    nt = i // NKB
+    kb1 = tl.minimum(i1 - nt * NKB, NKB)
+    cols = nt * BN + tl.arange(0, BN)
+    cmask = cols < N
+    acc = _zero_acc(BM, BN, DOT)
+    acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
+                 K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
+    slot = p - (nt * NKB) // PER
+    _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
+    return nt, kb1
+
+
+@triton.jit
 def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
               W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
               PER, FMT: tl.constexpr, xs_ptr=None, XQ: tl.constexpr = False,
@@ -179,15 +200,8 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
     rmask = rows < W
     i = i0
     while i < i1:
-        nt = i // NKB
-        kb1 = tl.minimum(i1 - nt * NKB, NKB)
-        cols = nt * BN + tl.arange(0, BN)
-        cmask = cols < N
-        acc = _zero_acc(BM, BN, DOT)
-        acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, cols, cmask, rows, rmask,
-                     K, BM, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
-        slot = p - (nt * NKB) // PER
-        _store(out_ptr + slot * (W * NSTR), acc, rows, rmask, cols, cmask, NSTR, DOT)
+        nt, kb1 = _span_segment(p, i, i1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, out_ptr, N, NSTR, PER, K, rows, rmask,
+                                W, BM, BN, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
         if KSF > 0:
             # the spans that touch tile nt: its first K block's span to its last one's (the
             # host's count is `tile_spans`)
@@ -222,18 +236,11 @@ def gemv_span_pair(p, x_ptr, sx, xs_ptr, K,
     while j < nall:
         in_a = j < na
         i = tl.where(in_a, a0 + j, b0 + j - na)
-        i1 = tl.where(in_a, a1, b1)
         n = tl.where(in_a, NA, NB)
-        nt = i // NKB
-        kb1 = tl.minimum(i1 - nt * NKB, NKB)
-        cols = nt * BN + tl.arange(0, BN)
-        cmask = cols < n
-        acc = _zero_acc(BM, BN, DOT)
-        acc = _kloop(acc, i - nt * NKB, kb1, x_ptr, sx, xs_ptr, tl.where(in_a, wa_ptr, wb_ptr),
-                     tl.where(in_a, sa_ptr, sb_ptr), cols, cmask, rows, rmask, K, BM, BLK, FMT, XQ, False, DOT,
-                     LSTG, FASTCVT, HWX)
-        slot = p - (nt * NKB) // tl.where(in_a, PERA, PERB)
-        _store(tl.where(in_a, oa_ptr, ob_ptr) + slot * (W * n), acc, rows, rmask, cols, cmask, n, DOT)
+        nt, kb1 = _span_segment(p, i, tl.where(in_a, a1, b1), x_ptr, sx, xs_ptr, tl.where(in_a, wa_ptr, wb_ptr),
+                                tl.where(in_a, sa_ptr, sb_ptr), tl.where(in_a, oa_ptr, ob_ptr), n, n,
+                                tl.where(in_a, PERA, PERB), K, rows, rmask, W, BM, BN, BLK, FMT, XQ, False, DOT,
+                                LSTG, FASTCVT, HWX)
         j += nt * NKB + kb1 - i
 
 

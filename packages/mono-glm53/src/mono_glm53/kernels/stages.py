@@ -1616,8 +1616,9 @@ def _tkspread_stages(row, ok, epoch, nprog, pid, FIRST: tl.constexpr, LAST: tl.c
                      TKS: tl.constexpr, RKS: tl.constexpr, SYC: tl.constexpr, TSS: tl.constexpr = False):
     """Stages 6-11 in FIRST..LAST of a step whose rows all have at most TKS tokens (Plan.TKS),
     after `_tk_short_entry` (the caller's: hand-offs 6 and 7): stage 6 is empty (TKF: the first
-    radix pass and the fine histograms ran in the index scores, zeroed by stage_qb), stage 7 waits for the scores and finds each long row's threshold by
-    the tiles holding its candidates (`topk_spread_threshold`, from those histograms), stage 8
+    radix pass and the fine histograms ran in the index scores, zeroed by stage_qb), stage 7
+    waits for the scores and finds each long row's threshold by the tiles holding its
+    candidates (`topk_spread_threshold`, from those histograms), stage 8
     waits for the thresholds and places every row's keys (`topk_spread_write`); hand-offs 9-11
     only signal: hand-off 12 orders the writes before the MLA as after the radix stages'. TSS
     (Plan.TSS): stage 7 does both, each tile finding its row's threshold itself
