@@ -55,7 +55,7 @@ group() {  # name -> its pytest arguments
     ref8a) echo "$T/test_layer_gpu.py -k '$REF and tp8 and (1000 or 4096)'" ;;
     ref8b) echo "$T/test_layer_gpu.py -k '$REF and tp8 and 65536'" ;;
     ref8i) echo "$T/test_layer_gpu.py -k checkpoint_indexer" ;;
-    hold) echo "$T/test_layer_gpu.py -k 'mla_hold or postnorm_loop or postnorm_split or mlacomb_vec or mla_chunk or gateup_spans'" ;;
+    hold) echo "$T/test_layer_gpu.py -k 'mla_hold or postnorm_loop or postnorm_split or mlacomb_vec or mla_chunk or gateup_spans or qb_joint'" ;;
     ref1a) echo "$T/test_layer_gpu.py -k '$REF and tp1 and (1000 or 4096)'" ;;
     ref1b) echo "$T/test_layer_gpu.py -k '$REF and tp1 and 65536'" ;;
     mixed) echo "$T/test_layer_gpu.py -k mixed" ;;

@@ -310,22 +310,26 @@ def test_flag_handoff_compiles_without_spills(target, entry, record_property):
             assert op in text, op
 
 
+# `entries.gemv_pair_entry`'s pointer arguments
+PAIR_SIG = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "wa_ptr": "*u8", "sa_ptr": "*fp32", "oa_ptr": "*fp32",
+            "wb_ptr": "*u8", "sb_ptr": "*fp32", "ob_ptr": "*fp32"}
+
+
 @pytest.mark.parametrize("target", ["sm_90", "gfx950"])
-def test_span_pair_compiles_without_spills_in_less_code(target, record_property):
-    """`gemv.gemv_span_pair` (mono-glm53's knob qb_pair) at the TP8 rank's q_b and wq_b, 2 rows, x
-    pre-quantised: no spills, and on sm_90 less SASS than the two inlined spans (the bound: the
-    two spans less 3 KB; 14.6 against 8.4 KB under Triton 3.8)."""
-    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "wa_ptr": "*u8", "sa_ptr": "*fp32", "oa_ptr": "*fp32",
-           "wb_ptr": "*u8", "sb_ptr": "*fp32", "ob_ptr": "*fp32"}
+def test_span_pair_and_joint_compile_without_spills_in_less_code(target, record_property):
+    """`gemv.gemv_span_pair` and `gemv.gemv_span_joint` (mono-glm53's knobs qb_pair and qb_joint)
+    at the TP8 rank's q_b [2048 x 2048] and the indexer's wq_b [4096 x 2048] on 264 programs (own
+    spans PER 1 and 2, joint PER 3), 2 rows, x pre-quantised: no spills, two programs an SM on
+    sm_90 (the layer's residency), and on sm_90 less SASS than the two inlined spans (the bound:
+    the two spans less 3 KB; 14.6 against 8.4 and 8.3 KB under Triton 3.8)."""
     size = {}
-    for pair in (False, True):
-        # GLM-5.3's TP8 q_b [2048 x 2048] and the indexer's wq_b [4096 x 2048] on 264 programs
-        ce = dict(NA=2048, NB=4096, PERA=1, PERB=2, K=2048, W=2, BM=16, BN=128, XQ=True, DOT=2, PAIR=pair)
-        res = cc.compile_kernel(gemv_pair_entry, sig, ce, target, num_warps=4, pointer_align=16,
+    for mode, pera, perb in ((0, 1, 2), (1, 1, 2), (2, 3, 0)):
+        ce = dict(NA=2048, NB=4096, PERA=pera, PERB=perb, K=2048, W=2, BM=16, BN=128, XQ=True, DOT=2, PAIR=mode)
+        res = cc.compile_kernel(gemv_pair_entry, PAIR_SIG, ce, target, num_warps=4, pointer_align=16,
                                 num_stages=STAGES[target], amd_buffer_ops=False)
         assert res.spills == 0 and res.max_resident() >= RESIDENT[target], cc.format_resources(res)
         if target == "sm_90":
-            size[pair] = cc.sass_bytes(res)
+            size[mode] = cc.sass_bytes(res)
     if target == "sm_90":
-        record_property("resources", f"sm_90 SASS bytes: two spans {size[False]}, pair {size[True]}")
-        assert size[True] <= size[False] - 3072, size
+        record_property("resources", f"sm_90 SASS bytes: two spans {size[0]}, pair {size[1]}, joint {size[2]}")
+        assert size[1] <= size[0] - 3072 and size[2] <= size[0] - 3072, size

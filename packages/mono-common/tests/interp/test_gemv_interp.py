@@ -178,20 +178,27 @@ def test_called_span_gives_the_inline_spans_partials(nprog):
         launch_gemv(plan, x[:3], w, s, alloc_out(plan, 2, "cpu"), fixup=True)
 
 
+def _pair_inputs(xq):
+    """x, GEMV A (200 columns: one tile partial) and B (384) over it, and x as the pair's entry
+    takes it: pre-quantised with its scales (xq), or as is (its scales then unread)."""
+    x, wa, sa = _weights(200, K, seed=3)
+    _, wb, sb = _weights(384, K, seed=4)
+    xin, xs = x, x.float()
+    if xq:
+        q, qs = per_token_group_quant(x, 128)
+        xin, xs = q.to(torch.bfloat16), qs.contiguous()
+    return x, wa, sa, wb, sb, xin, xs
+
+
 @pytest.mark.parametrize("nprog", [3, 5])
 @pytest.mark.parametrize("xq,dot", [(False, 0), (True, 2), (False, 2)], ids=["xw", "xq-fp8", "fp8"])
 def test_span_pair_gives_the_two_spans_partials(nprog, xq, dot):
     """gemv_span_pair: two GEMVs over one x (A 200 columns, one tile partial; B 384), each in its
     own spans (PER 2 and 3 on 5 programs: spans that end inside tiles), run as one loop write
     the partials two gemv_span calls write, bit for bit, and both meet the reference."""
-    x, wa, sa = _weights(200, K, seed=3)
-    _, wb, sb = _weights(384, K, seed=4)
     from mono_common.stages.entries import gemv_pair_entry
 
-    xin, xs = x, x.float()  # xs unread without XQ
-    if xq:
-        q, qs = per_token_group_quant(x, 128)
-        xin, xs = q.to(torch.bfloat16), qs.contiguous()
+    x, wa, sa, wb, sb, xin, xs = _pair_inputs(xq)
     pera, perb = span_per(200, K, 128, 128, nprog), span_per(384, K, 128, 128, nprog)
     got = {}
     for pair in (False, True):
@@ -204,3 +211,33 @@ def test_span_pair_gives_the_two_spans_partials(nprog, xq, dot):
     tol = 1e-6 if dot == 0 else 2e-2  # e4m3 x e4m3 MMAs quantise x; the bf16 form holds it exact
     assert _rel(got[True][0].sum(0), block_fp8_gemv(x, wa[0], sa[0])) < tol
     assert _rel(got[True][1].sum(0), block_fp8_gemv(x, wb[0], sb[0])) < tol
+
+
+@pytest.mark.parametrize("nprog", [3, 5])
+@pytest.mark.parametrize("xq,dot", [(False, 0), (True, 2)], ids=["xw", "xq-fp8"])
+def test_span_joint_is_one_span_gemv_over_both_gemvs_tiles(nprog, xq, dot):
+    """gemv_span_joint: A (200 columns: one tile partial) then B (384) as one stream-K GEMV
+    writes, tile for tile, the partials one gemv_span writes over the stacked weights [A padded
+    to its tiles; B] (the same spans, PER 3 and 2 on 3 and 5 programs: spans across A's end and
+    inside tiles), bit for bit, each tile's in its own GEMV's buffer; both meet the reference."""
+    from mono_common.stages.entries import gemv_pair_entry
+    from mono_common.stages.gemv_host import alloc_out, launch_gemv
+
+    x, wa, sa, wb, sb, xin, xs = _pair_inputs(xq)
+    per = span_per(256 + 384, K, 128, 128, nprog)
+    oa = torch.zeros(span_slots(K, 128, per), 3, 200)
+    ob = torch.zeros(span_slots(K, 128, per), 3, 384)
+    gemv_pair_entry[(nprog,)](xin, xs, wa[0], sa[0], oa, wb[0], sb[0], ob, NA=200, NB=384, PERA=per, PERB=0,
+                              K=K, W=3, BM=16, BN=128, XQ=xq, DOT=dot, PAIR=2)
+    # the stacked GEMV: A's 56 pad columns zero (their scales A's second block row's)
+    w = torch.cat([wa[0], torch.zeros(56, K, dtype=torch.uint8), wb[0]])[None]
+    s = torch.cat([sa[0], sb[0]])[None]
+    plan = GemvPlan.make(640, K, 3, nprog=nprog, bn=128, span=True, dot=dot)
+    assert plan.PER == per
+    out = alloc_out(plan, 1, "cpu")
+    launch_gemv(plan, xin if xq else x, w, s, out, xs=xs if xq else None)
+    assert torch.equal(oa, out[0][:, :, :200]) and torch.equal(ob, out[0][:, :, 256:])
+    assert oa.abs().sum() > 0 and ob.abs().sum() > 0
+    tol = 1e-6 if dot == 0 else 2e-2  # e4m3 x e4m3 MMAs quantise x; the bf16 form holds it exact
+    assert _rel(oa.sum(0), block_fp8_gemv(x, wa[0], sa[0])) < tol
+    assert _rel(ob.sum(0), block_fp8_gemv(x, wb[0], sb[0])) < tol

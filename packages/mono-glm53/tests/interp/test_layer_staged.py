@@ -500,6 +500,34 @@ def test_mlacomb_vec_meets_the_reference():
     assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
 
 
+@pytest.mark.parametrize("width,rows,nprog", [(2, 2, 5), (4, 3, 7)])
+def test_qb_joint_meets_the_reference(width, rows, nprog):
+    """qb_joint (Plan.QBP 2): q_b's column tiles then wq_b's as one stream-K GEMV (mono-common
+    `gemv_span_joint`), each tile's partials in fewer slots than each GEMV's own spans give it,
+    which absorb and the index scores sum: other sums of the same products, within the bounds
+    the default's staged launch meets, the top-k of the index scores so made checked as the
+    default's is."""
+    import torch
+
+    from mono_glm53.kernels.harness import build_case, kernel_out
+    from mono_glm53.kernels.layer import GlmLayerKernel
+
+    s = tiny(index_heads=8)
+    m = run_case(s, width, rows, 40, True, modes=("staged",), nprog=nprog, seed=37, knobs={"qb_joint": True})
+    assert not failures(m), m
+    assert m["glm53_layer.residual.cosine_min"] > 0.99999, m
+    # the joint spans ran (longer spans, fewer slots) and their slot sums are the GEMVs' values
+    c = build_case(s, rows, 40, True, seed=38)
+    sums = {}
+    for on in (False, True):
+        k = GlmLayerKernel(s, c.w, width, max_seq_len=40, nprog=nprog, device="cpu", qb_joint=on)
+        kernel_out(c, k, "staged")
+        sums[on] = (k.qb.sum(0)[:rows], k.iq.sum(0)[:rows], k.plan)
+    (qa, ia, pa), (qj, ij, pj) = sums[False], sums[True]
+    assert pj.QBP == 2 and pj.PER3 > pa.PER3 and pj.KS3 < pa.KS3
+    assert torch.allclose(qa, qj, rtol=1e-5, atol=1e-6) and torch.allclose(ia, ij, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("knobs", [{"mla_chunk": 16}, {"mla_chunk": 32, "mlacomb_vec": True}], ids=["16", "32-vec"])
 def test_mla_chunk_meets_the_reference(knobs):
     """mla_chunk (Plan.CT): the MLA stage's chunks of 16 or 32 selected tokens (top-k 128 at 700

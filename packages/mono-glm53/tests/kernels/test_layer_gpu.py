@@ -118,6 +118,13 @@ def test_gateup_spans_match_reference():
     _check_reference("tp8i", 2, 4096, knobs={"gateup_spans": True})
 
 
+# qb_joint: q_b's column tiles then wq_b's as one stream-K GEMV, each tile's partials in fewer
+# slots (other sums of the same products): the same checks, at the served TP8 shard
+@pytest.mark.parametrize("width", (2, 8))
+def test_qb_joint_matches_reference(width):
+    _check_reference("tp8i", width, 4096, knobs={"qb_joint": True})
+
+
 # mlacomb_vec: the MLA combine's chunks as one load and block reductions (sums in their own
 # order): the same checks, at 1000 tokens too (fewer selected tokens than the top-k: chunks
 # with nothing valid)

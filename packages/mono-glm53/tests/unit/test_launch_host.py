@@ -8,6 +8,7 @@ one `tests/compile` builds (`variant_constexprs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 
@@ -204,3 +205,51 @@ def test_a_launch_passes_the_plan_the_compile_checks_build(monkeypatch, fake):
     fields = [f.name for f in dataclasses.fields(layer.Plan)]
     assert {n: kw[n] for n in fields} == {n: want[n] for n in fields}
     assert kw["HWQ"] and kw["XQP"]
+
+
+def test_l2_window_is_refused_off_cuda(monkeypatch):
+    s = tiny()
+    w = make_weights(s, device="cpu", seed=0)
+    with pytest.raises(ValueError, match="l2_window sets a CUDA access policy window"):
+        layer.GlmLayerKernel(s, w, 2, 8, nprog=2, device="cpu", l2_window=True)
+
+
+def test_l2_window_wraps_the_fused_launch_alone_in_its_weights_window(monkeypatch, fake):
+    """The window (mono_common.l2_window, faked here: no CUDA device) is set around each fused
+    launch, over the weights of that launch (the object's, or the `weights` a rotation passes),
+    the routed-expert stacks left out; a staged launch runs without it."""
+    from mono_common import l2_window
+
+    k, inputs, caches, hidden = _kernel(monkeypatch)
+    k.set_inputs(hidden, hidden, inputs)
+    k.l2_window = True  # as a CUDA device's build sets it
+    seen = []
+
+    @contextlib.contextmanager
+    def streaming(stream, base, nbytes):
+        seen.append((base, nbytes, len(fake.calls)))
+        yield
+
+    monkeypatch.setattr(l2_window, "streaming", streaming)
+    monkeypatch.setattr(l2_window, "max_window_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(layer.torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=7))
+    # the tiny layer's routed-expert stacks (the largest tensors) stand for a real rank's
+    stacks = ("mlp.experts.w13_weight", "mlp.experts.w2_weight")
+    skip = min(k.w[n].numel() * k.w[n].element_size() for n in stacks)
+    assert all(t.numel() * t.element_size() < skip for n, t in k.w.items() if n not in stacks)
+    monkeypatch.setattr(l2_window, "SKIP_BYTES", skip)
+    k.launch(caches, "staged")
+    assert seen == []
+    k.launch(caches, "fused")
+    other = make_weights(tiny(), device="cpu", seed=3)
+    k.launch(caches, "fused", weights=other)
+
+    def want(w):
+        spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in w.values()]
+        small = [(a, n) for a, n in spans if n < skip]
+        assert len(small) == len(spans) - 2
+        return min(a for a, _ in small), max(a + n for a, n in small) - min(a for a, _ in small)
+
+    n_staged = len(stages.STAGE_NAMES)
+    assert seen == [(*want(k.w), n_staged), (*want(other), n_staged + 1)]
+    assert want(k.w) != want(other)

@@ -548,9 +548,29 @@ def test_qb_pair_needs_the_indexer():
 
     s = REAL.tp_shard(8, 0)
     plan = make_plan(s, 2, True, 264)
-    assert not plan.QBP and _with_knobs(plan, s, 264, {"qb_pair": True}).QBP
+    assert not plan.QBP and _with_knobs(plan, s, 264, {"qb_pair": True}).QBP == 1
     with pytest.raises(ValueError, match=r"qb_pair runs q_b beside the indexer's wq_b: a build without the indexer"):
         _with_knobs(make_plan(s, 2, False, 264), s, 264, {"qb_pair": True})
+
+
+def test_qb_joint_spans_both_gemvs_tiles_and_sums_fewer_slots():
+    """qb_joint sets Plan.QBP 2: at a TP8 rank on 264 programs q_b's 16 column tiles and wq_b's 32,
+    16 K blocks each, in one span of 3 items a program (each alone: 1 and 2), so a tile gets 6
+    partial slots (16 and 9 alone) and the scratch holds that many; it needs the indexer and is
+    not named beside qb_pair."""
+    from mono_glm53.kernels.layer import _with_knobs
+
+    s = REAL.tp_shard(8, 0)
+    plan = make_plan(s, 2, True, 264)
+    assert (plan.PER3, plan.PERQ, plan.KS3, plan.KSQ) == (1, 2, 16, 9)
+    j = _with_knobs(plan, s, 264, {"qb_joint": True})
+    assert (j.QBP, j.PER3, j.PERQ, j.KS3, j.KSQ) == (2, 3, 3, 6, 6)
+    # every item in one span: (16 + 32) tiles x 16 K blocks over 264 programs
+    assert j.PER3 * 264 >= 48 * 16 > (j.PER3 - 1) * 264
+    with pytest.raises(ValueError, match=r"qb_joint runs q_b beside the indexer's wq_b: a build without the indexer"):
+        _with_knobs(make_plan(s, 2, False, 264), s, 264, {"qb_joint": True})
+    with pytest.raises(ValueError, match=r"qb_pair and qb_joint are two forms of the q_b and wq_b spans: name one"):
+        _with_knobs(plan, s, 264, {"qb_joint": True, "qb_pair": True})
 
 
 def test_prefetch_bulk_needs_prefetches_and_sm_90():

@@ -31,7 +31,15 @@ import triton.language as tl
 
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import poll, signal
-from mono_common.stages.gemv import FMT_BF16, FMT_FP8, gemv_span, gemv_span_call, gemv_span_pair, gemv_tile
+from mono_common.stages.gemv import (
+    FMT_BF16,
+    FMT_FP8,
+    gemv_span,
+    gemv_span_call,
+    gemv_span_joint,
+    gemv_span_pair,
+    gemv_tile,
+)
 from mono_common.stages.handoff import grid_handoff_flag
 from mono_common.stages.moe import fill_slots, moe_down, moe_down_items, moe_gateup, moe_silu, slot_lists
 from mono_common.stages.norm import rmsnorm_vec
@@ -127,8 +135,13 @@ def gemv_pair_entry(x_ptr, xs_ptr, wa_ptr, sa_ptr, oa_ptr, wb_ptr, sb_ptr, ob_pt
                     NA: tl.constexpr, NB: tl.constexpr, PERA: tl.constexpr, PERB: tl.constexpr, K: tl.constexpr,
                     W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, XQ: tl.constexpr, DOT: tl.constexpr,
                     PAIR: tl.constexpr):
+    # PAIR 0: two gemv_span calls; 1: gemv_span_pair; 2: gemv_span_joint (spans of PERA items
+    # over both GEMVs' tiles; PERB unused)
     p = tl.program_id(0)
-    if PAIR:
+    if PAIR == 2:
+        gemv_span_joint(p, x_ptr, K, xs_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, wb_ptr, sb_ptr, ob_ptr, NB, PERA,
+                        W, BM, BN, 128, FMT_FP8, XQ, DOT)
+    elif PAIR:
         gemv_span_pair(p, x_ptr, K, xs_ptr, K, wa_ptr, sa_ptr, oa_ptr, NA, PERA, wb_ptr, sb_ptr, ob_ptr, NB, PERB,
                        W, BM, BN, 128, FMT_FP8, XQ, DOT)
     else:

@@ -24,6 +24,9 @@ Two ways to split the work over the resident programs:
     so the GEMVs of a kernel that share its constexprs share the code a launch fetches.
   * `gemv_span_pair`: two GEMVs over the same x, each in its own spans, as one loop (one copy
     of the span's code in the program that runs both).
+  * `gemv_span_joint`: two GEMVs over the same x as one stream-K GEMV over both's column tiles
+    (longer spans where each alone gives a program one or two items; each tile's partials in
+    its own GEMV's buffer).
 A column tile is BN columns (a multiple of 16, BN <= 2 * BLK: each K step loads a [BN, BLK]
 weight block, BN * BLK bytes in flight per program per step for FP8). PRE issues the next
 block's weight load before the current block's math (a register double buffer), so two blocks
@@ -160,6 +163,14 @@ def gemv_tile(t, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR: tl.constexpr, K: tl.
 
 
 @triton.jit
+def _span_bounds(p, PER, items, W: tl.constexpr, BM: tl.constexpr):
+    """Span p's first item and the item after its last (of `items` in all), and the rows."""
+    i0 = p * PER
+    rows = tl.arange(0, BM)
+    return i0, tl.minimum(i0 + PER, items), rows, rows < W
+
+
+@triton.jit
 def _span_segment(p, i, i1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, out_ptr, N, NSTR, PER, K, rows, rmask,
                   W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr, FMT: tl.constexpr,
                   XQ: tl.constexpr, PRE: tl.constexpr, DOT: tl.constexpr, LSTG: tl.constexpr,
@@ -193,12 +204,7 @@ def gemv_span(p, x_ptr, sx, w_ptr, s_ptr, out_ptr, N, NSTR, K,
     tile's counter (fix_ptr[tile], int32); the tile's last span (`span_fixup`) sums the tile's
     KSF slots in slot order into slot 0, so a consumer reads one slot, not KSF."""
     NKB = K // BLK
-    NT = (N + BN - 1) // BN
-    i0 = p * PER
-    i1 = tl.minimum(i0 + PER, NT * NKB)
-    rows = tl.arange(0, BM)
-    rmask = rows < W
-    i = i0
+    i, i1, rows, rmask = _span_bounds(p, PER, (N + BN - 1) // BN * NKB, W, BM)
     while i < i1:
         nt, kb1 = _span_segment(p, i, i1, x_ptr, sx, xs_ptr, w_ptr, s_ptr, out_ptr, N, NSTR, PER, K, rows, rmask,
                                 W, BM, BN, BLK, FMT, XQ, PRE, DOT, LSTG, FASTCVT, HWX)
@@ -242,6 +248,39 @@ def gemv_span_pair(p, x_ptr, sx, xs_ptr, K,
                                 tl.where(in_a, PERA, PERB), K, rows, rmask, W, BM, BN, BLK, FMT, XQ, False, DOT,
                                 LSTG, FASTCVT, HWX)
         j += nt * NKB + kb1 - i
+
+
+@triton.jit
+def gemv_span_joint(p, x_ptr, sx, xs_ptr, K,
+                    wa_ptr, sa_ptr, oa_ptr, NA: tl.constexpr,
+                    wb_ptr, sb_ptr, ob_ptr, NB: tl.constexpr, PER,
+                    W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BLK: tl.constexpr,
+                    FMT: tl.constexpr, XQ: tl.constexpr = False, DOT: tl.constexpr = 0,
+                    LSTG: tl.constexpr = 0, FASTCVT: tl.constexpr = False, HWX: tl.constexpr = False):
+    """Two GEMVs over the same x [W, K] as one stream-K GEMV: A's column tiles [NA, K] then B's
+    [NB, K], their (column tile, K block) items cut into one span of PER items a program. Each
+    tile's partials go to its own GEMV's buffer (oa [SLOTS, W, NA], ob [SLOTS, W, NB]), slot
+    (program - first program touching the tile) as `gemv_span`'s; B's weights, scales and
+    partials are addressed by the joint column number through base pointers moved back by A's
+    tiles. Where each GEMV's own spans are one or two items a program (GLM-5.3's TP8 q_b and
+    wq_b: `gemv_span_pair`'s PER 1 and 2, two loops of one round trip each), the joint spans are
+    PER 3 items of one K loop that Triton pipelines, and each tile gets fewer partial slots
+    (`span_slots` of the joint PER), so its consumer sums fewer: other sums of the same
+    products than the two GEMVs' own spans."""
+    tl.static_assert(BN % BLK == 0, "B's scale rows start at a block: BN a multiple of BLK")
+    NKB = K // BLK
+    NTA: tl.constexpr = (NA + BN - 1) // BN
+    NT: tl.constexpr = NTA + (NB + BN - 1) // BN
+    i, i1, rows, rmask = _span_bounds(p, PER, NT * NKB, W, BM)
+    while i < i1:
+        in_a = i < NTA * NKB
+        # a segment ends at its tile's end or the span's, never past A's last tile
+        nt, kb1 = _span_segment(p, i, i1, x_ptr, sx, xs_ptr, tl.where(in_a, wa_ptr, wb_ptr - NTA * BN * K),
+                                tl.where(in_a, sa_ptr, sb_ptr - NTA * (BN // BLK) * NKB),
+                                tl.where(in_a, oa_ptr, ob_ptr - NTA * BN), tl.where(in_a, NA, NTA * BN + NB),
+                                tl.where(in_a, NA, NB), PER, K, rows, rmask, W, BM, BN, BLK, FMT, XQ, False, DOT,
+                                LSTG, FASTCVT, HWX)
+        i = nt * NKB + kb1
 
 
 @triton.jit(noinline=True)

@@ -636,13 +636,16 @@ def topk_spread_threshold(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr
     for t in range(pid, total, nprog):
         m, c, n = tk_locate(t, rows, ns, first, cnt)
         hb = tkh_ptr + m * TKH_ROW
-        p, need, cp = _spread_prefix(hb, tkf_ptr + m * TKS_FINE, TOPK)
         row_ptr = scores_ptr + m * stride_sc
         j = c * RK + j0
+        # the tile's keys and the row requested before the histograms' dependent reads (their
+        # reductions' barriers held these loads behind them: two more round trips); the row is
+        # read whether or not the tile holds a candidate
         mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
+        k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
+        p, need, cp = _spread_prefix(hb, tkf_ptr + m * TKS_FINE, TOPK)
         left = (j < n) & (_fine_bin(mk) == p)
         if tl.sum(left.to(tl.int32), 0) > 0:
-            k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
             k = tl.where((i < n) & (_fine_bin(k) == p), k, KEY_NONE)
             while tl.sum(left.to(tl.int32), 0) > 0:
                 r = tl.min(tl.where(left, j0, RK), 0)
@@ -696,6 +699,9 @@ def _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_pt
         else:
             row_ptr = scores_ptr + m * stride_sc
             hb = tkh_ptr + m * TKH_ROW
+            # the tile's keys requested first: the reductions' barriers below held the load
+            # behind them
+            mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
             if SELECT:
                 # the row requested before the histograms' dependent reads
                 k = okey32(tl.load(row_ptr + i, mask=i < n, other=0.0))
@@ -713,7 +719,6 @@ def _spread_place(pid, nprog, scores_ptr, stride_sc, seqlen_ptr, tkh_ptr, tkf_pt
             s = tl.sum((k > thr).to(tl.int32) + ((k == thr).to(tl.int32) << 16), 0)
             # the SHORT - c0 stand-ins equal thr only when thr is KEY_NONE itself
             eqb = (s >> 16) - tl.where(thr == KEY_NONE, SHORT - c0, 0)
-            mk = okey32(tl.load(row_ptr + j, mask=j < n, other=0.0))
             _place_keys(out, j, mk, j < n, thr, s & 0xFFFF, ngt + eqb, TOPK)
 
 

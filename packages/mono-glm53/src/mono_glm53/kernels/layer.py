@@ -211,9 +211,11 @@ class Plan:
     # the MLA combine's chunks of a tile as one [NCH, DC] load and block reductions, not the
     # chunk-order unrolled sums (`mlacomb_vec`, a knob: mono-common `mla_combine` VEC)
     MCV: bool = False
-    # q_b and the indexer's wq_b as one loop over each program's spans of both (`qb_pair`, a
-    # knob; mono-common `gemv.gemv_span_pair`: one copy of the span's code, the same bits)
-    QBP: bool = False
+    # q_b and the indexer's wq_b: 0 each in its own spans; 1 as one loop over each program's
+    # spans of both (`qb_pair`, a knob; mono-common `gemv.gemv_span_pair`: one copy of the span's
+    # code, the same bits); 2 as one GEMV over both's column tiles (`qb_joint`, a knob; mono-common
+    # `gemv.gemv_span_joint`: PER3 = PERQ its span, KS3 = KSQ its slots; other sums)
+    QBP: int = 0
     # o_proj's input quantised in its spans on sm_90's conversion unit, not the integer form
     # (set per ISA by `isa_options`, off with the knob `oproj_hw_quant`; mono-common
     # `gemv._kblock` HWX: the same bits)
@@ -369,7 +371,8 @@ def make_tp_plan(s: GlmLayerShape, width: int, indexer: bool, nprog: int, world:
 
 
 # GlmLayerKernel's measurement keywords that are its own parameters (an ISA's default when None)
-MEASUREMENT_KWARGS = ("num_stages", "ks_rule", "down_stages", "fast_cvt", "xq_producer", "nprog", "num_warps")
+MEASUREMENT_KWARGS = ("num_stages", "ks_rule", "down_stages", "fast_cvt", "xq_producer", "nprog", "num_warps",
+                      "l2_window")
 # GlmLayerKernel's measurement knobs: keyword -> what it sets (`_with_knobs`)
 KNOBS = {
     "gateup_split": "Plan.KSG, gate_up's split-K (a divisor of the hidden size's K blocks)",
@@ -431,9 +434,15 @@ KNOBS = {
                       "quantised in its spans on sm_90's conversion unit instead of the integer form: the same "
                       "bits; the span's sm_90 code 19.1 -> 13.6 KB (Triton 3.8, [6144 x 2048] at 2 rows). The "
                       "sm_90 default (`isa_options`); False: the integer form",
-    "qb_pair": "Plan.QBP, q_b and the indexer's wq_b (both over q_a's normed row) as one loop over each program's "
+    "qb_pair": "Plan.QBP 1, q_b and the indexer's wq_b (both over q_a's normed row) as one loop over each program's "
                "span of each (mono-common gemv_span_pair), where the default runs two inlined span loops: one copy "
                "of the span's code instead of two, the same partials (the same bits); with the indexer only",
+    "qb_joint": "Plan.QBP 2, q_b's column tiles then the indexer's wq_b's as one stream-K GEMV (mono-common "
+                "gemv_span_joint): where each alone gives a program one or two (column tile, K block) items (a TP8 "
+                "rank: q_b 1, wq_b 2, two round trips), the joint spans give it three in one pipelined K loop, "
+                "and each tile fewer partial slots (16 and 9 -> 6), so absorb and the index scores sum fewer: "
+                "other sums of the same products (other bits); the stage's sm_90 code as qb_pair's; with the "
+                "indexer only, not with qb_pair",
     "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
@@ -909,12 +918,21 @@ def _with_knobs(plan: Plan, s: GlmLayerShape, nprog: int, knobs: dict[str, objec
             errors.append("oproj_hw_quant is sm_90's conversion unit: gfx950 has none, build without it")
         else:
             change["OHQ"] = bool(k["oproj_hw_quant"])
-    if k.get("qb_pair"):
+    if k.get("qb_pair") and k.get("qb_joint"):
+        errors.append("qb_pair and qb_joint are two forms of the q_b and wq_b spans: name one of them")
+    elif k.get("qb_pair") or k.get("qb_joint"):
+        name = "qb_pair" if k.get("qb_pair") else "qb_joint"
         if not plan.INDEXER:
-            errors.append("qb_pair runs q_b beside the indexer's wq_b: a build without the indexer has q_b alone, "
+            errors.append(f"{name} runs q_b beside the indexer's wq_b: a build without the indexer has q_b alone, "
                           "build without it")
+        elif name == "qb_pair":
+            change["QBP"] = 1
         else:
-            change["QBP"] = True
+            # both GEMVs' column tiles as one GEMV's: q_b's tiles then wq_b's, spans over all
+            nqb = _cdiv(plan.NH * s.qk_head, BNS) * BNS
+            perj = span_per(nqb + s.index_heads * s.index_head_dim, s.q_lora, BNS, s.block, nprog)
+            ksj = span_slots(s.q_lora, s.block, perj)
+            change.update(QBP=2, PER3=perj, PERQ=perj, KS3=ksj, KSQ=ksj)
     if k.get("mlacomb_vec"):
         if hip:
             errors.append("mlacomb_vec is not resource-checked on gfx950: build without it")
@@ -1187,7 +1205,8 @@ class GlmLayerKernel:
                  device=None, deadline_s: float = 2.0, num_warps: int | None = None, world: int = 1,
                  peers=None, guard=None, cooperative: bool = True, alloc=None, capture_rows: int = 512,
                  num_stages: int | None = None, ks_rule: str = "first", down_stages: int | None = None,
-                 fast_cvt: bool | None = None, xq_producer: bool | None = None, **knobs):
+                 fast_cvt: bool | None = None, xq_producer: bool | None = None, l2_window: bool | None = None,
+                 **knobs):
         """world > 1: this object is rank `peers.rank` of `world` ranks whose launches
         all-reduce inside the kernel through `peers` (a mono_common.peer.PeerBuffers with the
         regions of `peer_requests`; from `allocate` across GPUs or `allocate_local` for ranks
@@ -1206,7 +1225,10 @@ class GlmLayerKernel:
         Plan.FASTCVT (None: the device's, `isa_options`; measurement knobs). `xq_producer`: the
         q_a/kv_a and q_b GEMVs read inputs their producers quantised (Plan.XQP; the same bits;
         None: the ISA's, on for sm_90; True is refused on gfx950, where it spills 18 scalar
-        registers at the TP8 rank, width 2). `knobs`: the measurement knobs of `KNOBS` by name
+        registers at the TP8 rank, width 2). `l2_window`: each fused launch's weights (all but the
+        routed-expert stacks) marked streaming in the L2 through the stream's access policy window
+        (`mono_common.l2_window`; CUDA only, host-side: the same binary and bits; None: off, a
+        measurement knob). `knobs`: the measurement knobs of `KNOBS` by name
         (each moves work between programs, folds a stage or changes a loop's form; every unknown
         name and out-of-range value refused at once with what is allowed)."""
         from mono_common.guard_host import Guard
@@ -1248,6 +1270,11 @@ class GlmLayerKernel:
         self.plan = _with_knobs(plan, s, self.nprog, knobs, hip=bool(torch.version.hip))
         self.num_warps = num_warps or NUM_WARPS
         self._stages_opt = {} if num_stages is None else {"num_stages": int(num_stages)}
+        if l2_window and (dev.type != "cuda" or torch.version.hip):
+            raise ValueError("l2_window sets a CUDA access policy window: on a HIP or CPU device leave it off")
+        self.l2_window = bool(l2_window)
+        # id of a weight dict -> (the dict, held so the id stays its own, its window)
+        self._windows: dict[int, tuple[dict, tuple[int, int]]] = {}
         p = self.plan
         W = width
         f32, bf16, i32 = torch.float32, torch.bfloat16, torch.int32
@@ -1593,7 +1620,7 @@ class GlmLayerKernel:
         ce = self.plan.constexprs()
         clock = self.guard.clock
         grid = (self.nprog,)
-        with _codegen_scope():
+        with _codegen_scope(), self._weights_streaming(mode, weights):
             if mode == "fused":
                 kw = dict(ce, FIRST=0, LAST=NSTAGES - 1, FUSED=True, CLOCK=clock, FAULT=self.guard.fault,
                           num_warps=self.num_warps, **self._stages_opt, **launch_options(self.device))
@@ -1606,6 +1633,18 @@ class GlmLayerKernel:
                                                            **launch_options(self.device))
         self._check_after_launch()
         return self.out, self.res_out, self.topk
+
+    def _weights_streaming(self, mode: str, weights):
+        """The fused launch's weights streaming in the L2 (`l2_window`), else nothing."""
+        if not self.l2_window or mode != "fused":
+            return contextlib.nullcontext()
+        from mono_common import l2_window
+
+        w = weights if weights is not None else self.w
+        if id(w) not in self._windows:
+            spans = [(t.data_ptr(), t.numel() * t.element_size()) for t in w.values() if isinstance(t, torch.Tensor)]
+            self._windows[id(w)] = (w, l2_window.weight_window(spans, l2_window.max_window_bytes(self.device)))
+        return l2_window.streaming(torch.cuda.current_stream(self.device).cuda_stream, *self._windows[id(w)][1])
 
     def _launch_grid(self, layer_kernel, grid, args, kw):
         """One fused launch of `grid` whose programs wait for each other: cooperative (the

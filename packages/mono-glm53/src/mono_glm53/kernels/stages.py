@@ -84,7 +84,7 @@ from mono_common.device.allreduce import allreduce_push, allreduce_sum
 from mono_common.device.epochs import epoch_begin
 from mono_common.device.guard import signal, wait_ge, wait_ge_spin
 from mono_common.device.timer import now
-from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span, gemv_span_pair
+from mono_common.stages.gemv import FMT_BF16, FMT_FP8, _load_w, gemv_span, gemv_span_joint, gemv_span_pair
 from mono_common.stages.gemv import gemv_tile as _gemv_tile
 from mono_common.stages.gemv import sum_slots as _sum_splits
 from mono_common.stages.mla import mla_combine as stage_mlacomb
@@ -528,11 +528,15 @@ def stage_qb(pid, nprog, qn_ptr, wqb_ptr, sqb_ptr, qb_ptr, wiq_ptr, siq_ptr, iq_
              W: tl.constexpr, BM: tl.constexpr, QL: tl.constexpr, NQB: tl.constexpr,
              NIQ: tl.constexpr, INDEXER: tl.constexpr, BNS: tl.constexpr, BLK: tl.constexpr,
              PER3: tl.constexpr, PERQ: tl.constexpr, DOTF: tl.constexpr, XQP: tl.constexpr,
-             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None, fine=False, QBP: tl.constexpr = False):
+             tkh_ptr=None, TKF: tl.constexpr = False, tkf_ptr=None, fine=False, QBP: tl.constexpr = 0):
     # q_b and the indexer's wq_b: each GEMV in stream-K spans over every program. XQP: qn_ptr
-    # holds the quantised values and qns_ptr their scales (stage_latent's). QBP: both spans as
-    # one loop (one copy of the span's code, the same partials)
-    if INDEXER and QBP:
+    # holds the quantised values and qns_ptr their scales (stage_latent's). QBP 1: both spans as
+    # one loop (one copy of the span's code, the same partials); 2: both as one GEMV, spans of
+    # PER3 items over q_b's tiles then wq_b's (PERQ unused)
+    if INDEXER and QBP == 2:
+        gemv_span_joint(pid, qn_ptr, QL, qns_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, wiq_ptr, siq_ptr, iq_ptr, NIQ,
+                        PER3, W, BM, BNS, BLK, FMT_FP8, XQP, DOTF)
+    elif INDEXER and QBP:
         gemv_span_pair(pid, qn_ptr, QL, qns_ptr, QL, wqb_ptr, sqb_ptr, qb_ptr, NQB, PER3, wiq_ptr, siq_ptr, iq_ptr,
                        NIQ, PERQ, W, BM, BNS, BLK, FMT_FP8, XQP, DOTF)
     else:
@@ -1753,8 +1757,9 @@ def layer_kernel(
     PNS: tl.constexpr = 0,
     # the MLA combine's chunks as one load and block reductions (Plan.MCV, a measurement knob)
     MCV: tl.constexpr = False,
-    # q_b and wq_b as one loop over each program's spans of both (Plan.QBP, a measurement knob)
-    QBP: tl.constexpr = False,
+    # q_b and wq_b as one loop over each program's spans of both (Plan.QBP 1), or as one GEMV
+    # (Plan.QBP 2): measurement knobs
+    QBP: tl.constexpr = 0,
     # o_proj's input quantised on the conversion unit (Plan.OHQ: sm_90's default, `isa_options`)
     OHQ: tl.constexpr = False,
     # the programs that request the layer's weights into the L2 (Plan.PFN: 0 every program, N
