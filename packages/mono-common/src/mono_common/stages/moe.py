@@ -255,14 +255,16 @@ def moe_silu(pid, nprog, gu_ptr, inter_ptr, inters_ptr, nslot_ptr,
         u = t // (W * NB)
         m = (t // NB) % W
         ib = t % NB
+        g = tl.zeros([BI], tl.float32)
+        up = tl.zeros([BI], tl.float32)
+        base = gu_ptr + u * (KSG * W * 2 * I) + m * (2 * I) + ib * BI
+        # unrolled: every partial's load in flight at once, the sums still in slot order; read
+        # before the slot count is known (a slot past it reads its stale partials and stores
+        # nothing), so the count's load is not a round trip ahead of these
+        for ks in tl.static_range(KSG):
+            g += tl.load(base + ks * (W * 2 * I) + c)
+            up += tl.load(base + ks * (W * 2 * I) + I + c)
         if u < ns:
-            g = tl.zeros([BI], tl.float32)
-            up = tl.zeros([BI], tl.float32)
-            base = gu_ptr + u * (KSG * W * 2 * I) + m * (2 * I) + ib * BI
-            # unrolled: every partial's load in flight at once, the sums still in slot order
-            for ks in tl.static_range(KSG):
-                g += tl.load(base + ks * (W * 2 * I) + c)
-                up += tl.load(base + ks * (W * 2 * I) + I + c)
             q, qs = _silu_quant(g, up, BI, BLK, HW)
             tl.store(inter_ptr + (u * W + m) * I + ib * BI + c, q)
             tl.store(inters_ptr + (u * W + m) * (I // BLK) + (ib * BI) // BLK + tl.arange(0, BI // BLK), qs)

@@ -112,7 +112,8 @@ from mono_common.stages.numerics import rbf as _rbf
 from mono_common.stages.prefetch import prefetch_lines as _prefetch_lines
 from mono_common.stages.prefetch import prefetch_range as _prefetch
 from mono_common.stages.rope import hadamard as _hadamard
-from mono_common.stages.rope import rope_apply as _rope_apply
+from mono_common.stages.rope import rope_cs as _rope_cs
+from mono_common.stages.rope import rope_rotate as _rope_rotate
 from mono_common.stages.routing import biased_topk as _routing
 from mono_common.stages.tiles import first_tile as _first_tile
 from mono_common.stages.topk import TKC, TKH_ROW  # noqa: F401 (the host sizes tkh / tkc from them)
@@ -286,12 +287,12 @@ def _tile_rstd(r, H: tl.constexpr, eps):
 
 
 @triton.jit
-def _norm_chunk_out(r, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H: tl.constexpr, CB: tl.constexpr,
+def _norm_chunk_out(r, rstd, m, h0, w, hn_ptr, hnq_ptr, hns_ptr, H: tl.constexpr, CB: tl.constexpr,
                     BLK: tl.constexpr, XQP: tl.constexpr, HWQ: tl.constexpr):
-    """Row m's normed chunk h0..h0+CB from its fp32 residual sum r [CB] and rstd: hn, and
-    (XQP) its per-BLK quantisation for the q_a/kv_a GEMV."""
+    """Row m's normed chunk h0..h0+CB from its fp32 residual sum r [CB], rstd and the chunk's
+    fp32 norm weight w [CB]: hn, and (XQP) its per-BLK quantisation for the q_a/kv_a GEMV."""
     c = tl.arange(0, CB)
-    hn = r * rstd * tl.load(w_in_ptr + h0 + c).to(tl.float32)
+    hn = r * rstd * w
     tl.store(hn_ptr + m * H + h0 + c, _rbf(hn))
     if XQP:
         q, qs = _quant_blocks(_bf16(hn), CB, BLK, HWQ)
@@ -315,11 +316,14 @@ def _addnorm_spread(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, ep
     for t in range(pid, W * NC, nprog):
         m = t // NC
         h0 = (t % NC) * CB
-        _, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
+        # the chunk and its norm weight requested with the row, not behind the row's reduction
+        # (its barrier holds every later load; the weight is not in the L2 after a weight stream)
         rc = (tl.load(x_ptr + m * H + h0 + c).to(tl.float32)
               + tl.load(res_ptr + m * H + h0 + c).to(tl.float32))
+        wc = tl.load(w_in_ptr + h0 + c).to(tl.float32)
+        _, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
         tl.store(resid1_ptr + m * H + h0 + c, _rbf(rc))
-        _norm_chunk_out(rc, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H, CB, BLK, XQP, HWQ)
+        _norm_chunk_out(rc, rstd, m, h0, wc, hn_ptr, hnq_ptr, hns_ptr, H, CB, BLK, XQP, HWQ)
 
 
 @triton.jit
@@ -339,8 +343,9 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
         # pass (H200, alone and cold: 3.7 us at 3 chunks, 6.1 at 6, 10.7 at 12)
         off, cm = _row_as_4_chunks(H, HB)
         for m in range(pid, W, nprog):
-            r, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
+            # the norm weight requested with the row, not behind its reduction's barrier
             w = tl.load(w_in_ptr + off, mask=cm, other=0.0).to(tl.float32)
+            r, rstd = _row_residual(x_ptr, res_ptr, m, off, cm, H, eps)
             tl.store(resid1_ptr + m * H + off, _rbf(r), mask=cm)
             hn = r * rstd * w
             tl.store(hn_ptr + m * H + off, _rbf(hn), mask=cm)
@@ -363,7 +368,8 @@ def stage_addnorm(pid, nprog, x_ptr, res_ptr, resid1_ptr, hn_ptr, w_in_ptr, eps,
             rstd = tl.rsqrt(tl.sum(ssq, 0) / H + eps)
             for h0 in range(0, H, HB):
                 r = tl.load(x_ptr + m * H + h0 + c).to(tl.float32) + tl.load(res_ptr + m * H + h0 + c).to(tl.float32)
-                _norm_chunk_out(r, rstd, m, h0, w_in_ptr, hn_ptr, hnq_ptr, hns_ptr, H, HB, BLK, XQP, HWQ)
+                _norm_chunk_out(r, rstd, m, h0, tl.load(w_in_ptr + h0 + c).to(tl.float32), hn_ptr, hnq_ptr, hns_ptr,
+                                H, HB, BLK, XQP, HWQ)
 
 
 @triton.jit
@@ -465,6 +471,8 @@ def stage_latent(pid, nprog, row,
         eps = _sf(row, P.EPS)
         pos = tl.load(_p(row, P.POS, tl.int64) + m)
         loc = tl.load(_p(row, P.LOC, tl.int64) + m)
+        # the RoPE table's row requested now, not behind the barrier below (`_rope_cs`)
+        rc, rs = _rope_cs(pos, cs_ptr, RD, MLA_NEOX)
         kv = _bf16(_sum_splits(qkva_ptr, m, QL, W, NQKV, KS1, KVL, GS))
         kvn = _rmsnorm_vec(kv, wkva_ptr, KVL, eps)
         kpe = _bf16(_sum_splits(qkva_ptr, m, QL + KVL, W, NQKV, KS1, RD, GS))
@@ -472,7 +480,7 @@ def stage_latent(pid, nprog, row,
         sp = rope_ptr + m * RD
         tl.store(sp + tl.arange(0, RD), kpe)
         tl.debug_barrier()
-        kr = _rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX)
+        kr = _rope_rotate(sp, rc, rs, RD, MLA_NEOX)
         if loc >= 0:  # pad rows (loc < 0) write no cache
             base = _p(row, P.KV_CACHE, tl.bfloat16) + loc * (KVL + RD)
             tl.store(base + tl.arange(0, KVL), _rbf(kvn))
@@ -484,8 +492,14 @@ def stage_latent(pid, nprog, row,
             rope_ptr = _p(row, P.ROPE, tl.float32)
             cs_ptr = _p(row, P.CS, tl.float32)
             pos = tl.load(_p(row, P.POS, tl.int64) + m)
+            loc = tl.load(_p(row, P.LOC, tl.int64) + m)
+            # the RoPE table's row and the cache slot requested now, not behind the barriers below
+            rc, rs = _rope_cs(pos, cs_ptr, RD, IDX_NEOX)
             d = tl.arange(0, ID)
             rj = tl.arange(0, RD)
+            # the LayerNorm's weight and bias requested with the partials, not behind its reductions
+            lnw = tl.load(_p(row, P.LNW, tl.float32) + d)
+            lnb = tl.load(_p(row, P.LNB, tl.float32) + d)
             k = _bf16(_sum_splits(ikw_ptr, m, 0, W, NIKW, KSI, ID, GS))
             wts = _sum_splits(ikw_ptr, m, ID, W, NIKW, KSI, IH, GS)
             if IDX_FUSED:
@@ -495,14 +509,13 @@ def stage_latent(pid, nprog, row,
             mu = tl.sum(k, 0) / ID
             dk = k - mu
             var = tl.sum(dk * dk, 0) / ID
-            kn = (dk * tl.rsqrt(var + _sf(row, P.LN_EPS)) * tl.load(_p(row, P.LNW, tl.float32) + d)
-                  + tl.load(_p(row, P.LNB, tl.float32) + d))
+            kn = dk * tl.rsqrt(var + _sf(row, P.LN_EPS)) * lnw + lnb
             if not IDX_FUSED:
                 kn = _bf16(kn)  # unfused: LayerNorm out bf16, then rope, then Hadamard
             sp = rope_ptr + W * RD + m * ID
             tl.store(sp + d, kn)
             tl.debug_barrier()
-            kr = _rope_apply(sp, pos, cs_ptr, RD, IDX_NEOX)
+            kr = _rope_rotate(sp, rc, rs, RD, IDX_NEOX)
             tl.debug_barrier()
             tl.store(sp + rj, kr)
             tl.debug_barrier()
@@ -513,7 +526,6 @@ def stage_latent(pid, nprog, row,
                 tl.debug_barrier()
                 kk = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
             code, sc = _index_quant(kk, True, HWQ)
-            loc = tl.load(_p(row, P.LOC, tl.int64) + m)
             if loc >= 0:
                 page = loc // PG
                 off = loc % PG
@@ -565,11 +577,13 @@ def _absorb_rope(m, h, qb_ptr, qabs_ptr, pos_ptr, cs_ptr, rope_ptr, W: tl.conste
     QH: tl.constexpr = NOPE + RD
     rj = tl.arange(0, RD)
     pos = tl.load(pos_ptr + m).to(tl.int64)
+    # the RoPE table's row requested with the partials, not behind the barrier (`_rope_cs`)
+    rc, rs = _rope_cs(pos, cs_ptr, RD, MLA_NEOX)
     pe = _bf16(_sum_splits(qb_ptr, m, h * QH + NOPE, W, NH * QH, KS3, RD, GS))
     sp = rope_ptr + W * RD + W * ID + W * IH * ID + (m * NH + h) * RD
     tl.store(sp + rj, pe)
     tl.debug_barrier()
-    pr = _bf16(_rope_apply(sp, pos, cs_ptr, RD, MLA_NEOX))
+    pr = _bf16(_rope_rotate(sp, rc, rs, RD, MLA_NEOX))
     tl.store(qabs_ptr + (m * NH + h) * (KVL + RD) + KVL + rj, pr)
 
 
@@ -697,12 +711,16 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
             m = u // IH
             g = u % IH
             pos = tl.load(pos_ptr + m).to(tl.int64)
+            # the RoPE table's row and the head's raw weight requested with the partials, not
+            # behind the barriers below
+            rc, rs = _rope_cs(pos, cs_ptr, RD, IDX_NEOX)
+            wr = tl.load(iwraw_ptr + m * IH + g)
             d = tl.arange(0, ID)
             q = _bf16(_sum_splits(iq_ptr, m, g * ID, W, NIQ, KSQ, ID, GS))
             sp = rope_ptr + W * RD + W * ID + (m * IH + g) * ID
             tl.store(sp + d, q)
             tl.debug_barrier()
-            qr = _rope_apply(sp, pos, cs_ptr, RD, IDX_NEOX)
+            qr = _rope_rotate(sp, rc, rs, RD, IDX_NEOX)
             if not IDX_FUSED:
                 qr = _bf16(qr)  # unfused: rope out bf16 (fused: fp32 straight into the quant)
             tl.debug_barrier()
@@ -713,7 +731,6 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
                 qq = _bf16(_hadamard(sp, ID, hscale))
             code, sc = _index_quant(qq, IDX_FUSED, HWQ)
             tl.store(iq8_ptr + (m * IH + g) * ID + d, _e4m3_val(code))
-            wr = tl.load(iwraw_ptr + m * IH + g)
             tl.store(iwt_ptr + m * IH + g, ((wr * iwa) * sc) * iwb)
 
 
