@@ -955,6 +955,13 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
     makes its row's chunk partials itself, the same values summed the same way (the same bits)."""
     c = tl.arange(0, HB)
     ok = True
+    WHOLE: tl.constexpr = NORM and SPLIT == 0 and NC == 0 and H // HB <= 4 and not LOOP
+    if WHOLE:
+        # the whole-row form's norm weight requested before the all-reduce's waits (R > 1) and
+        # the slots' loads, by the programs that norm a row (after a weight stream it is not in
+        # the L2: an HBM round trip that the waits' barriers would otherwise hold behind them)
+        woff, wcm = _row_as_4_chunks(H, HB)
+        wrow = tl.load(w_post_ptr + woff, mask=wcm & (pid < W), other=0.0).to(tl.float32)
     if R > 1:
         ca = tl.arange(0, ARB)
         for blk in range(pid, H // ARB, nprog):
@@ -1021,18 +1028,16 @@ def stage_postnorm(pid, nprog, op_ptr, resid1_ptr, res_out_ptr, h2_ptr, w_post_p
             w = tl.load(w_post_ptr + h0 + cq).to(tl.float32)
             tl.store(res_out_ptr + m * H + h0 + cq, _rbf(rc))
             tl.store(h2_ptr + m * H + h0 + cq, _rbf(rc * rstd * w))
-    elif ok and H // HB <= 4 and not LOOP:
+    elif ok and WHOLE:
         # the whole row as [4, HB] (as stage_addnorm): the sum and the residual computed once
         # and kept, the split-K slots one whole-row load each (KS9 memory round trips in all,
         # where the chunk loop paid ~KS9 / 2 a chunk and pass: ~18 at a TP8 rank, ~11 us);
-        # the slots are added in slot order, as `_sum_splits` adds them
-        off, cm = _row_as_4_chunks(H, HB)
+        # the slots are added in slot order, as `_sum_splits` adds them; the weight read above
         for m in range(pid, W, nprog):
-            r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, off, cm, W, H, KS9, R)
-            w = tl.load(w_post_ptr + off, mask=cm, other=0.0).to(tl.float32)
-            tl.store(res_out_ptr + m * H + off, _rbf(r), mask=cm)
+            r = _post_residual(op_ptr, ar1_ptr, resid1_ptr, m, woff, wcm, W, H, KS9, R)
+            tl.store(res_out_ptr + m * H + woff, _rbf(r), mask=wcm)
             rstd = _tile_rstd(r, H, eps)
-            tl.store(h2_ptr + m * H + off, _rbf(r * rstd * w), mask=cm)
+            tl.store(h2_ptr + m * H + woff, _rbf(r * rstd * wrow), mask=wcm)
     elif ok:
         # the row in HB-column chunks, twice; LOOP: a chunk's split-K slots loaded together (up
         # to 16K values in flight, 128 a thread), else `sum_slots`'s groups of 4096 values
