@@ -75,10 +75,9 @@ def max_window_bytes(device) -> int:
     return max(0, v.value)
 
 
-def _set(stream: int, w: _Window) -> None:
-    rc = _cuda().cuStreamSetAttribute(ctypes.c_void_p(stream), WINDOW_ATTR, ctypes.byref(w))
-    if rc != 0:
-        raise RuntimeError(f"cuStreamSetAttribute(access policy window) failed with CUresult {rc}")
+def _attr(call: str, stream: int, w: _Window) -> int:
+    """cuStreamGetAttribute or cuStreamSetAttribute of the stream's window through w: its CUresult."""
+    return getattr(_cuda(), call)(ctypes.c_void_p(stream), WINDOW_ATTR, ctypes.byref(w))
 
 
 @contextlib.contextmanager
@@ -92,11 +91,9 @@ def streaming(stream: int, base: int, nbytes: int):
         yield
         return
     before = _Window()
-    cu = _cuda()
-    rc = cu.cuStreamGetAttribute(ctypes.c_void_p(stream), WINDOW_ATTR, ctypes.byref(before))
+    rc = _attr("cuStreamGetAttribute", stream, before)
     if rc == 0:
-        rc = cu.cuStreamSetAttribute(ctypes.c_void_p(stream), WINDOW_ATTR,
-                                     ctypes.byref(_Window(base, nbytes, 1.0, STREAMING, STREAMING)))
+        rc = _attr("cuStreamSetAttribute", stream, _Window(base, nbytes, 1.0, STREAMING, STREAMING))
     if rc != 0 and stream == 0:
         yield
         return
@@ -105,4 +102,6 @@ def streaming(stream: int, base: int, nbytes: int):
     try:
         yield
     finally:
-        _set(stream, before)
+        rc = _attr("cuStreamSetAttribute", stream, before)
+        if rc != 0:
+            raise RuntimeError(f"the access policy window of stream {stream:#x} was not restored: CUresult {rc}")

@@ -230,14 +230,10 @@ def gemv_span_pair(p, x_ptr, sx, xs_ptr, K,
     count selected at run time, so a launch runs one copy of the span's code, not two. The
     same partials in the same slots, so the same bits as the two calls."""
     NKB = K // BLK
-    a0 = p * PERA
-    a1 = tl.minimum(a0 + PERA, (NA + BN - 1) // BN * NKB)
-    b0 = p * PERB
-    b1 = tl.minimum(b0 + PERB, (NB + BN - 1) // BN * NKB)
+    a0, a1, rows, rmask = _span_bounds(p, PERA, (NA + BN - 1) // BN * NKB, W, BM)
+    b0, b1, _, _ = _span_bounds(p, PERB, (NB + BN - 1) // BN * NKB, W, BM)
     na = tl.maximum(a1 - a0, 0)
     nall = na + tl.maximum(b1 - b0, 0)
-    rows = tl.arange(0, BM)
-    rmask = rows < W
     j = 0
     while j < nall:
         in_a = j < na
