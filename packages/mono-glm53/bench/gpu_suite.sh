@@ -12,24 +12,35 @@
 # H100 (~78 GB) the TP1 groups are left out unless ONLY names them, and all the other groups at
 # once ran it out of memory (session 25: allred, procs and fault beside the rest): there, name
 # fewer groups a call (ONLY=allred,... then ONLY=procs,fault,...).
-# The warm step compiles only the variants of the chosen groups' shapes (`warm_cache.py --shapes`).
+# The warm step compiles only the variants of the chosen groups' shapes (`warm_cache.py --shapes`),
+# the knob sets for a knobs group and the reference-checked knob builds for a hold group
+# (`--builds`: hold0 and hold1 split `test_layer_gpu.HOLD_CASES`; hold is both).
 # Usage (repo root): OUT=dir [ONLY=knobs,fault] [CALL_S=585] bash packages/mono-glm53/bench/gpu_suite.sh
 set -u
 export TRITON_CACHE_DIR=$PWD/.triton-cache MONO_GUARD_MODE=report PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/packages/mono-common/src:$PWD/packages/mono-glm53/src
 T=packages/mono-glm53/tests/kernels
 MEM=$(python3 -c "import torch; print(torch.cuda.get_device_properties(0).total_memory >> 30)")
-ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,hold,mixed,wraps,layer,allred,procs,common
+ALL=knobs0,knobs1,knobs2,fault,ref8a,ref8b,ref8i,hold0,hold1,mixed,wraps,layer,allred,procs,common
 [ "$MEM" -gt 100 ] && ALL=$ALL,ref1a,ref1b
 SEL=${ONLY:-$ALL}
 # the warm step compiles only what the chosen groups launch: the TP8 variants (and the knob
 # sets) for the TP8 groups, TP1's for ref1a/ref1b, the ranks side by side for allred/procs
 # (all of them took 244 s of a 366 s call for three TP1 groups, session 33)
-WSH=""; WKN=()
+# the hold groups' tests (test_layer_gpu.HOLD_CASES names), two groups of about equal work
+HOLD0="mla_hold mla_chunk gateup_spans qb_joint_off"
+HOLD1="postnorm_loop postnorm_split mlacomb_vec"
+holdk() {  # test names -> a -k expression selecting exactly those tests
+  local e="" n; for n in "$@"; do e="$e or test_$n"; done; echo "${e# or }"
+}
+WSH=""; WKN=(); HOLDN=""
 for g in ${SEL//,/ }; do
   case $g in
     knobs*) WSH=$WSH,tp8,tp8i; KN=1 ;;
-    fault|ref8*|hold|mixed|wraps|layer) WSH=$WSH,tp8,tp8i ;;
+    hold) WSH=$WSH,tp8,tp8i; HOLDN="$HOLDN $HOLD0 $HOLD1" ;;
+    hold0) WSH=$WSH,tp8,tp8i; HOLDN="$HOLDN $HOLD0" ;;
+    hold1) WSH=$WSH,tp8,tp8i; HOLDN="$HOLDN $HOLD1" ;;
+    fault|ref8*|mixed|wraps|layer) WSH=$WSH,tp8,tp8i ;;
     ref1*) WSH=$WSH,tp1 ;;
     allred|procs) WSH=$WSH,sim ;;
   esac
@@ -40,6 +51,12 @@ import json, sys
 sys.path.insert(0, '$T')
 from test_layer_knobs_gpu import KNOB_SETS
 print(json.dumps(KNOB_SETS))")")
+# the hold groups' knob builds, fused and (width 2) staged, so that no test compiles its own in turn
+[ -n "$HOLDN" ] && WKN+=(--builds "$(python3 -c "
+import json, sys
+sys.path.insert(0, '$T')
+from test_layer_gpu import HOLD_CASES
+print(json.dumps([[sh, w, kn] for n in dict.fromkeys(sys.argv[1:]) for sh, w, ctx, kn in HOLD_CASES[n]]))" $HOLDN)")
 if [ -n "$WSH" ]; then
   timeout ${WARM_S:-240} python3 packages/mono-glm53/bench/warm_cache.py --jobs 15 --shapes "${WSH#,}" ${WKN[@]+"${WKN[@]}"} \
     > "$OUT/warm.log" 2>&1
@@ -55,7 +72,9 @@ group() {  # name -> its pytest arguments
     ref8a) echo "$T/test_layer_gpu.py -k '$REF and tp8 and (1000 or 4096)'" ;;
     ref8b) echo "$T/test_layer_gpu.py -k '$REF and tp8 and 65536'" ;;
     ref8i) echo "$T/test_layer_gpu.py -k checkpoint_indexer" ;;
-    hold) echo "$T/test_layer_gpu.py -k 'mla_hold or postnorm_loop or postnorm_split or mlacomb_vec or mla_chunk or gateup_spans or qb_joint'" ;;
+    hold) echo "$T/test_layer_gpu.py -k '$(holdk $HOLD0 $HOLD1)'" ;;
+    hold0) echo "$T/test_layer_gpu.py -k '$(holdk $HOLD0)'" ;;
+    hold1) echo "$T/test_layer_gpu.py -k '$(holdk $HOLD1)'" ;;
     ref1a) echo "$T/test_layer_gpu.py -k '$REF and tp1 and (1000 or 4096)'" ;;
     ref1b) echo "$T/test_layer_gpu.py -k '$REF and tp1 and 65536'" ;;
     mixed) echo "$T/test_layer_gpu.py -k mixed" ;;

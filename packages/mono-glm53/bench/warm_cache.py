@@ -5,7 +5,11 @@ staged mode where the suite runs it), so the cache keys are the launches' own.
 
 PYTHONPATH=packages/mono-common/src:packages/mono-glm53/src TRITON_CACHE_DIR=... python3 \
     packages/mono-glm53/bench/warm_cache.py [--jobs 12] [--shapes tp8,tp8i | --variants tp8:2,tp8:8] \
-    [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8 --knob-shapes tp8,tp8i]
+    [--knobs '{"name": {"radix_loop": true}}' --knob-widths 2,8 --knob-shapes tp8,tp8i] \
+    [--builds '[["tp8i", 2, {"mla_hold": 16}]]']
+
+--builds takes a JSON list of [shape, width, knobs] (the GPU suite's `HOLD_CASES`, the knob builds
+checked against the reference): each fused, and staged too at width 2.
 
 --knobs takes the bench's JSON of named knob sets (`kernels.layer.KNOBS`): each set's fused
 variant of every --knob-shapes shape (default the TP8 shard) at every --knob-widths width (the
@@ -15,6 +19,7 @@ variants of those shapes ("sim": the ranks side by side; empty: none, the knob s
 """
 
 import argparse
+import json
 import multiprocessing as mp
 import sys
 import time
@@ -78,6 +83,9 @@ def main(argv=None):
     ap.add_argument("--knob-shapes", default="tp8", help="shapes of each knob set's variants (tp8, tp8i)")
     ap.add_argument("--shapes", default=None,
                     help="comma list of shapes (tp8, tp8i, tp1, sim): only the suite's variants of these")
+    ap.add_argument("--builds", default=None, metavar="JSON",
+                    help="a list of [shape, width, knobs] (the GPU suite's HOLD_CASES): each fused, and staged "
+                         "too at width 2 (as the reference tests run them)")
     ap.add_argument("--variants", default=None,
                     help="comma list of shape:width[:staged] (indexer; fused, and with ':staged' every "
                          "stage alone too) instead of the suite's and the bench's")
@@ -87,9 +95,13 @@ def main(argv=None):
         todo = [v for v in VARIANTS if v[0] in a.shapes.split(",")]
     if a.variants:
         todo = [(v.split(":")[0], int(v.split(":")[1]), True, v.endswith(":staged")) for v in a.variants.split(",")]
+    if a.builds:
+        # one entry per distinct build: cases that differ only in context compile the same one
+        seen = {}
+        for sh, w, kn in json.loads(a.builds):
+            seen.setdefault(json.dumps([sh, int(w), kn], sort_keys=True), (sh, int(w), True, int(w) == 2, kn))
+        todo = todo + list(seen.values())
     if a.knobs:
-        import json
-
         sets = json.loads(a.knobs)
         todo = todo + [(sh, int(w), True, False, sets[n]) for n in sets for w in a.knob_widths.split(",")
                        for sh in a.knob_shapes.split(",")]

@@ -66,7 +66,8 @@ KNOB_SETS = {
     "prefetch_all": dict(prefetch_programs=True),
     # the prefetches at three of their sites only, o_proj's set after the index scores
     "prefetch_sites": dict(prefetch_sites=["qb", "oproj_late", "down"]),
-    # q_b and the indexer's wq_b as one loop over each program's spans of both
+    # q_b and the indexer's wq_b as one loop over each program's spans of both: the bits of the
+    # two span loops (`_BASES`), not of the default's joint GEMV
     "qb_pair": dict(qb_pair=True),
     # o_proj's input rounded to e4m3 by the integer form in its spans (the default: on the
     # conversion unit): the same bits
@@ -97,6 +98,9 @@ KNOB_SETS = {
     "all": dict(oproj_fixup=True, hist_in_scores=False, gateup_bn=128, hw_quant=False, radix_loop=True,
                 sync_call=True),
 }
+# the knobs of the build a set's bits are compared with, where not the default's: a set that
+# yields a default of other bits (`layer._DEFAULT_YIELDS`) is compared with the build without it
+_BASES = {"qb_pair": dict(qb_joint=False)}
 _REF = {}
 # MONO_KNOB_PART=i/n: only every n-th set from the i-th (bench/gpu_suite.sh runs the sets as n
 # pytest processes at once); unset: every set
@@ -104,20 +108,21 @@ _PART = os.environ.get("MONO_KNOB_PART", "0/1")
 _I, _N = (int(v) for v in _PART.split("/"))
 
 
-def _default(width, ctx):
-    """The TP8 shard's case and the default kernel's three fused steps (one per (width, ctx))."""
+def _default(width, ctx, base=None):
+    """The TP8 shard's case and the three fused steps of the default kernel, or of the one with
+    the knobs `base` (one per (width, ctx, base))."""
     from mono_glm53.config import REAL
     from mono_glm53.kernels.harness import build_case, kernel_out
     from mono_glm53.kernels.layer import GlmLayerKernel
     from mono_glm53.weights import make_weights
 
-    key = (width, ctx)
+    key = (width, ctx, repr(sorted((base or {}).items())))
     if key not in _REF:
         _REF.clear()
         s = REAL.tp_shard(8, 0)
         w = make_weights(s, device="cuda", seed=0)
         c = build_case(s, width, ctx, True, "cuda", seed=41, weights=w)
-        k = GlmLayerKernel(s, w, width, max_seq_len=ctx)
+        k = GlmLayerKernel(s, w, width, max_seq_len=ctx, **(base or {}))
         _REF[key] = (s, w, c, _steps(k, c, kernel_out))
     return _REF[key]
 
@@ -134,7 +139,7 @@ def test_knob_sets_give_the_default_fused_bits(name, width, ctx):
     from mono_glm53.kernels.harness import kernel_out
     from mono_glm53.kernels.layer import GlmLayerKernel
 
-    s, w, c, want = _default(width, ctx)
+    s, w, c, want = _default(width, ctx, _BASES.get(name))
     k = GlmLayerKernel(s, w, width, max_seq_len=ctx, **KNOB_SETS[name])
     if k.plan.NXS:
         k.next_weights = w

@@ -234,37 +234,45 @@ def test_topk_spread_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_s
 
 
 def test_a_tp8_rank_on_sm90_defaults_to_the_spread_top_k_and_the_gathered_absorption():
-    """default_knobs: sm_90 at a TP8 rank takes topk_spread (with the indexer) and absorb_gather
-    (at most 8 rows); other shapes and gfx950 none. A named knob wins over its default (None
-    keeps it); topk_row, topk_row_absorb, radix_loop, count_in_write and hist_in_scores false
-    leave the spread top-k out, and each such build is built (the variant's constexprs)."""
+    """default_knobs: sm_90 at a TP8 rank takes topk_spread and (at widths 2 and 8) qb_joint with
+    the indexer, and absorb_gather (at most 8 rows); other shapes and gfx950 none. A named knob wins over its
+    default (None keeps it); topk_row, topk_row_absorb, radix_loop, count_in_write and
+    hist_in_scores false leave the spread top-k out, qb_pair the joint q_b GEMV, and each such
+    build is built (the variant's constexprs)."""
     from mono_glm53.kernels.layer import default_knobs, knobs_with_defaults, variant_constexprs
 
     tp8, tp4 = REAL.tp_shard(8, 0), REAL.tp_shard(4, 0)
     d = default_knobs("sm_90", tp8, 2, True)
-    assert d == {"topk_spread": True, "absorb_gather": True}
+    assert d == {"topk_spread": True, "qb_joint": True, "absorb_gather": True}
     assert default_knobs("sm_90", tp8, 2, False) == {"absorb_gather": True}
+    assert default_knobs("sm_90", tp8, 8, True) == {"topk_spread": True, "qb_joint": True, "absorb_gather": True}
+    assert default_knobs("sm_90", tp8, 4, True) == {"topk_spread": True, "absorb_gather": True}
     assert default_knobs("sm_90", tp8, 16, True) == {"topk_spread": True}
     assert default_knobs("gfx950", tp8, 2, True) == {} == default_knobs("sm_90", tp4, 2, True)
     assert default_knobs("sm_90", REAL, 2, True) == {}
     assert knobs_with_defaults(d, {}) == d == knobs_with_defaults(d, {"topk_spread": None})
-    assert knobs_with_defaults(d, {"topk_spread": 512, "absorb_gather": False}) == {"topk_spread": 512,
-                                                                                    "absorb_gather": False}
+    assert knobs_with_defaults(d, {"topk_spread": 512, "absorb_gather": False}) == {
+        "topk_spread": 512, "qb_joint": True, "absorb_gather": False}
     assert knobs_with_defaults(d, {"hist_in_scores": True})["topk_spread"] is True
     yields = ({"topk_row": True}, {"topk_row": 1024, "topk_row_absorb": True}, {"radix_loop": True},
               {"count_in_write": True}, {"hist_in_scores": False})
     for extra in yields:
-        assert knobs_with_defaults(d, extra) == {**extra, "absorb_gather": True}, extra
+        assert knobs_with_defaults(d, extra) == {**extra, "qb_joint": True, "absorb_gather": True}, extra
     assert knobs_with_defaults(d, {"topk_row": False})["topk_spread"] is True
+    assert knobs_with_defaults(d, {"qb_pair": True}) == {"qb_pair": True, "topk_spread": True, "absorb_gather": True}
+    assert knobs_with_defaults(d, {"qb_pair": False})["qb_joint"] is True
     ce = variant_constexprs(tp8, 2, True, 264, "sm_90")
-    assert (ce["TKS"], ce["RKS"], ce["ABG"]) == (4096, 32, True)
+    assert (ce["TKS"], ce["RKS"], ce["ABG"], ce["QBP"]) == (4096, 32, True, 2)
     for extra in yields:
         ce = variant_constexprs(tp8, 2, True, 264, "sm_90", knobs=extra)
-        assert ce["TKS"] == 0 and ce["ABG"], extra
-    off = variant_constexprs(tp8, 2, True, 264, "sm_90", knobs={"topk_spread": False, "absorb_gather": False})
-    assert (off["TKS"], off["ABG"]) == (0, False)
+        assert ce["TKS"] == 0 and ce["ABG"] and ce["QBP"] == 2, extra
+    assert variant_constexprs(tp8, 2, True, 264, "sm_90", knobs={"qb_pair": True})["QBP"] == 1
+    off = variant_constexprs(tp8, 2, True, 264, "sm_90",
+                             knobs={"topk_spread": False, "absorb_gather": False, "qb_joint": False})
+    assert (off["TKS"], off["ABG"], off["QBP"]) == (0, False, 0)
+    assert variant_constexprs(tp8, 2, False, 264, "sm_90")["QBP"] == 0
     ce = variant_constexprs(tp8, 2, True, 256, "gfx950")
-    assert (ce["TKS"], ce["ABG"]) == (0, False)
+    assert (ce["TKS"], ce["ABG"], ce["QBP"]) == (0, False, 0)
 
 
 def test_topk_spread_select_is_a_form_of_the_spread_top_k():

@@ -53,8 +53,8 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs", "folded_handoffs", "KNOBS",
-           "MEASUREMENT_KWARGS"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs", "QB_JOINT_WIDTHS",
+           "folded_handoffs", "KNOBS", "MEASUREMENT_KWARGS"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -442,7 +442,8 @@ KNOBS = {
                 "rank: q_b 1, wq_b 2, two round trips), the joint spans give it three in one pipelined K loop, "
                 "and each tile fewer partial slots (16 and 9 -> 6), so absorb and the index scores sum fewer: "
                 "other sums of the same products (other bits); the stage's sm_90 code as qb_pair's; with the "
-                "indexer only, not with qb_pair",
+                "indexer only, not with qb_pair. A TP8 rank's sm_90 default with the indexer since mono-glm53 "
+                "0.3.26 (`default_knobs`; naming qb_pair leaves it out; False: the two span loops)",
     "mlacomb_vec": "Plan.MCV, the MLA combine's chunks of a tile as one load and block reductions (mono-common "
                    "mla_combine VEC), where the default sums them in chunk order unrolled (the stage's sm_90 code "
                    "9.7 -> 6.4 KB); its sums in the reductions' order. H100, session 35, ctx 4096: mlacomb 3.3 -> "
@@ -1825,11 +1826,17 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
             "TKP": False, "PFN": 0}
 
 
+# the widths whose builds take `qb_joint` by default: those timed (1 row runs the width-2 build)
+# and compiled without spills; the width-4 build with it spills 8 bytes on sm_90 (Triton 3.8,
+# a TP8 rank), so it keeps the two span loops
+QB_JOINT_WIDTHS = (2, 8)
+
 # what each default knob yields to: a build naming one of these knobs with a value of that
 # truth is built without the default, as if it named it false
 _DEFAULT_YIELDS = {
     "topk_spread": {"topk_row": True, "topk_row_absorb": True, "radix_loop": True, "count_in_write": True,
                     "hist_in_scores": False},
+    "qb_joint": {"qb_pair": True},
 }
 
 
@@ -1843,14 +1850,24 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
       the radix stages in one call: 156.7 -> 151.6 us at 1 row, 286.3 -> 284.5 at 8.
     - `absorb_gather` (at most 8 rows): the absorption 6.0 -> 4.0 us (sessions 30-33, H100:
       154.5 / 284.0 against 157.1 / 284.1 us in session 33).
+    And one that changes the bits (other sums of the same products; the GPU reference test
+    `test_qb_joint_matches_reference` at 2 and 8 rows):
+    - `qb_joint` (with the indexer, at the widths of `QB_JOINT_WIDTHS`): q_b's and wq_b's tiles
+      as one stream-K GEMV. H100, served
+      TP8 shard, ctx 4096, session 42, two calls, each beside the default: 145.7 -> 141.8 and
+      146.4 -> 139.7 us at 1 row, 279.9 -> 275.7 and 272.9 -> 272.8 at 8 (qb's stamp 9.2 -> 7.5
+      and 10.2 -> 8.2 us; absorb's 4.1 -> 3.6 and 6.9 -> 5.4).
     A build naming `topk_row`, `topk_row_absorb`, `radix_loop` or `count_in_write`, or
-    `hist_in_scores` false, takes the radix stages (`_DEFAULT_YIELDS`). Not on other shapes
-    (not timed there) nor gfx950 (not resource-checked there)."""
+    `hist_in_scores` false, takes the radix stages; one naming `qb_pair` its two span loops
+    (`_DEFAULT_YIELDS`). Not on other shapes (not timed there) nor gfx950 (not timed there; it
+    compiles without spills at a TP8 rank, widths 2 and 8)."""
     if not isa.startswith("sm") or not isa_options(isa, s)["MF16"]:
         return {}
     out: dict[str, object] = {}
     if indexer:
         out["topk_spread"] = True
+        if width in QB_JOINT_WIDTHS:
+            out["qb_joint"] = True
     if _absorb_gather_refusal(s, width) is None:
         out["absorb_gather"] = True
     return out
