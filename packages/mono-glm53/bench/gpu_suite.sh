@@ -30,8 +30,8 @@ SEL=${ONLY:-$ALL}
 # the hold groups' tests (test_layer_gpu.HOLD_CASES names), two groups of about equal work
 HOLD0="mla_hold mla_chunk gateup_spans qb_joint_off"
 HOLD1="postnorm_loop postnorm_split mlacomb_vec"
-holdk() {  # test names -> a -k expression selecting exactly those tests
-  local e="" n; for n in "$@"; do e="$e or test_$n"; done; echo "${e# or }"
+holdk() {  # HOLD_CASES names -> a -k expression selecting exactly their cases
+  local e="" n; for n in "$@"; do e="$e or ${n}__"; done; echo "${e# or }"
 }
 WSH=""; WKN=(); HOLDN=""
 for g in ${SEL//,/ }; do

@@ -114,43 +114,15 @@ HOLD_CASES = {
 }
 
 
-def _hold_ids(name):
-    return [f"{sn}-{w}-{ctx}" + "".join(f"-{k}={v}" for k, v in kn.items()) for sn, w, ctx, kn in HOLD_CASES[name]]
+_HOLD = [(name, case) for name, cases in HOLD_CASES.items() for case in cases]
 
 
-# each: fused == fused with delays == staged, and the reference within NUMERICS
-@pytest.mark.parametrize("case", HOLD_CASES["mla_hold"], ids=_hold_ids("mla_hold"))
-def test_mla_hold_matches_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["postnorm_loop"], ids=_hold_ids("postnorm_loop"))
-def test_postnorm_loop_matches_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["postnorm_split"], ids=_hold_ids("postnorm_split"))
-def test_postnorm_split_matches_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["mla_chunk"], ids=_hold_ids("mla_chunk"))
-def test_mla_chunk_matches_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["gateup_spans"], ids=_hold_ids("gateup_spans"))
-def test_gateup_spans_match_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["qb_joint_off"], ids=_hold_ids("qb_joint_off"))
-def test_qb_joint_off_matches_reference(case):
-    _check_reference(*case)
-
-
-@pytest.mark.parametrize("case", HOLD_CASES["mlacomb_vec"], ids=_hold_ids("mlacomb_vec"))
-def test_mlacomb_vec_matches_reference(case):
+# each: fused == fused with delays == staged, and the reference within NUMERICS; an id is
+# "<HOLD_CASES name>__<shape>-<width>-<ctx>-<knobs>" (`-k "mla_hold__"` picks one name's cases)
+@pytest.mark.parametrize("case", [c for _, c in _HOLD],
+                         ids=[f"{n}__{sn}-{w}-{ctx}" + "".join(f"-{k}={v}" for k, v in kn.items())
+                              for n, (sn, w, ctx, kn) in _HOLD])
+def test_knob_build_matches_reference(case):
     _check_reference(*case)
 
 

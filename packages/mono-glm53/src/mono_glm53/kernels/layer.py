@@ -1851,7 +1851,7 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
     - `absorb_gather` (at most 8 rows): the absorption 6.0 -> 4.0 us (sessions 30-33, H100:
       154.5 / 284.0 against 157.1 / 284.1 us in session 33).
     And one that changes the bits (other sums of the same products; the GPU reference test
-    `test_qb_joint_matches_reference` at 2 and 8 rows):
+    `test_qb_joint_matches_reference` at 2 and 8 rows, session 42):
     - `qb_joint` (with the indexer, at the widths of `QB_JOINT_WIDTHS`): q_b's and wq_b's tiles
       as one stream-K GEMV. H100, served
       TP8 shard, ctx 4096, session 42, two calls, each beside the default: 145.7 -> 141.8 and
