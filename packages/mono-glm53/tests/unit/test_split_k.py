@@ -234,8 +234,8 @@ def test_topk_spread_takes_a_power_of_two_with_the_first_pass_in_the_scores_on_s
 
 
 def test_a_tp8_rank_on_sm90_defaults_to_the_spread_top_k_and_the_gathered_absorption():
-    """default_knobs: sm_90 at a TP8 rank takes topk_spread and (at widths 2 and 8) qb_joint with
-    the indexer, and absorb_gather (at most 8 rows); other shapes and gfx950 none. A named knob wins over its
+    """default_knobs: sm_90 at a TP8 rank takes topk_spread and qb_joint (with the indexer) and
+    absorb_gather (at most 8 rows); other shapes and gfx950 none. A named knob wins over its
     default (None keeps it); topk_row, topk_row_absorb, radix_loop, count_in_write and
     hist_in_scores false leave the spread top-k out, qb_pair the joint q_b GEMV, and each such
     build is built (the variant's constexprs)."""
@@ -245,9 +245,8 @@ def test_a_tp8_rank_on_sm90_defaults_to_the_spread_top_k_and_the_gathered_absorp
     d = default_knobs("sm_90", tp8, 2, True)
     assert d == {"topk_spread": True, "qb_joint": True, "absorb_gather": True}
     assert default_knobs("sm_90", tp8, 2, False) == {"absorb_gather": True}
-    assert default_knobs("sm_90", tp8, 8, True) == {"topk_spread": True, "qb_joint": True, "absorb_gather": True}
-    assert default_knobs("sm_90", tp8, 4, True) == {"topk_spread": True, "absorb_gather": True}
-    assert default_knobs("sm_90", tp8, 16, True) == {"topk_spread": True}
+    assert default_knobs("sm_90", tp8, 4, True) == d == default_knobs("sm_90", tp8, 8, True)
+    assert default_knobs("sm_90", tp8, 16, True) == {"topk_spread": True, "qb_joint": True}
     assert default_knobs("gfx950", tp8, 2, True) == {} == default_knobs("sm_90", tp4, 2, True)
     assert default_knobs("sm_90", REAL, 2, True) == {}
     assert knobs_with_defaults(d, {}) == d == knobs_with_defaults(d, {"topk_spread": None})

@@ -53,7 +53,7 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs", "QB_JOINT_WIDTHS",
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs",
            "folded_handoffs", "KNOBS", "MEASUREMENT_KWARGS"]
 
 
@@ -1826,11 +1826,6 @@ def isa_options(isa: str, s: GlmLayerShape) -> dict[str, object]:
             "TKP": False, "PFN": 0}
 
 
-# the widths whose builds take `qb_joint` by default: those timed (1 row runs the width-2 build)
-# and compiled without spills; the width-4 build with it spills 8 bytes on sm_90 (Triton 3.8,
-# a TP8 rank), so it keeps the two span loops
-QB_JOINT_WIDTHS = (2, 8)
-
 # what each default knob yields to: a build naming one of these knobs with a value of that
 # truth is built without the default, as if it named it false
 _DEFAULT_YIELDS = {
@@ -1852,11 +1847,11 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
       154.5 / 284.0 against 157.1 / 284.1 us in session 33).
     And one that changes the bits (other sums of the same products; the GPU reference test
     `test_qb_joint_matches_reference` at 2 and 8 rows, session 42):
-    - `qb_joint` (with the indexer, at the widths of `QB_JOINT_WIDTHS`): q_b's and wq_b's tiles
-      as one stream-K GEMV. H100, served
+    - `qb_joint` (with the indexer): q_b's and wq_b's tiles as one stream-K GEMV. H100, served
       TP8 shard, ctx 4096, session 42, two calls, each beside the default: 145.7 -> 141.8 and
       146.4 -> 139.7 us at 1 row, 279.9 -> 275.7 and 272.9 -> 272.8 at 8 (qb's stamp 9.2 -> 7.5
-      and 10.2 -> 8.2 us; absorb's 4.1 -> 3.6 and 6.9 -> 5.4).
+      and 10.2 -> 8.2 us; absorb's 4.1 -> 3.6 and 6.9 -> 5.4). The width-4 build is not timed
+      with it yet; it takes it too, so a row's bits do not depend on the step's width.
     A build naming `topk_row`, `topk_row_absorb`, `radix_loop` or `count_in_write`, or
     `hist_in_scores` false, takes the radix stages; one naming `qb_pair` its two span loops
     (`_DEFAULT_YIELDS`). Not on other shapes (not timed there) nor gfx950 (not timed there; it
@@ -1866,8 +1861,7 @@ def default_knobs(isa: str, s: GlmLayerShape, width: int, indexer: bool) -> dict
     out: dict[str, object] = {}
     if indexer:
         out["topk_spread"] = True
-        if width in QB_JOINT_WIDTHS:
-            out["qb_joint"] = True
+        out["qb_joint"] = True
     if _absorb_gather_refusal(s, width) is None:
         out["absorb_gather"] = True
     return out

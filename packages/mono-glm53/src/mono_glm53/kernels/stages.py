@@ -640,7 +640,7 @@ def _absorb_gathered(t, h, cols, acc, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, x
 
 @triton.jit
 def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, iq_ptr, iq8_ptr,
-                 iwraw_ptr, iwt_ptr, pos_ptr, cs_ptr, rope_ptr, iwa, iwb, hscale,
+                 iwraw_ptr, iwt_ptr, pos_ptr, cs_ptr, rope_ptr, row,
                  W: tl.constexpr, BM: tl.constexpr, NH: tl.constexpr, NOPE: tl.constexpr,
                  RD: tl.constexpr, KVL: tl.constexpr, IH: tl.constexpr, ID: tl.constexpr,
                  KS3: tl.constexpr, KSQ: tl.constexpr, INDEXER: tl.constexpr,
@@ -651,7 +651,11 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
     # (their x scratch past the rope scratch: ABX), and the q_pe RoPE items as tiles of their
     # own after the index tiles, not before a head's first absorption tile. part (Plan.TKA, the
     # knob `topk_row_absorb`): 0 every tile; 1 the index tiles only (stage 4 of a row top-k
-    # step); 2 the absorption and RoPE tiles only (stage 7, beside the row top-k)
+    # step); 2 the absorption and RoPE tiles only (stage 7, beside the row top-k). row: the
+    # pointer-table row, whose index-weight scalars (IWA, IWB, HSCALE) the index tiles load
+    # themselves: loaded at the call, two of them stayed live through the absorption tiles and
+    # spilled 8 bytes (sm_90, Triton 3.8, a TP8 rank at width 4 with qb_joint, and at width 2
+    # with mla_chunk 32 too)
     QH: tl.constexpr = NOPE + RD
     NQB: tl.constexpr = NH * QH
     NIQ: tl.constexpr = IH * ID
@@ -715,6 +719,8 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
             # behind the barriers below
             rc, rs = _rope_cs(pos, cs_ptr, RD, IDX_NEOX)
             wr = tl.load(iwraw_ptr + m * IH + g)
+            iwa = _sf(row, P.IWA)
+            iwb = _sf(row, P.IWB)
             d = tl.arange(0, ID)
             q = _bf16(_sum_splits(iq_ptr, m, g * ID, W, NIQ, KSQ, ID, GS))
             sp = rope_ptr + W * RD + W * ID + (m * IH + g) * ID
@@ -728,7 +734,7 @@ def stage_absorb(pid, nprog, qb_ptr, wkc_ptr, wkc_s0, wkc_s1, wkc_s2, qabs_ptr, 
             tl.debug_barrier()
             qq = tl.load(sp + d)
             if HADAMARD:
-                qq = _bf16(_hadamard(sp, ID, hscale))
+                qq = _bf16(_hadamard(sp, ID, _sf(row, P.HSCALE)))
             code, sc = _index_quant(qq, IDX_FUSED, HWQ)
             tl.store(iq8_ptr + (m * IH + g) * ID + d, _e4m3_val(code))
             tl.store(iwt_ptr + m * IH + g, ((wr * iwa) * sc) * iwb)
@@ -1920,7 +1926,7 @@ def layer_kernel(
             stage_absorb(pid, nprog, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                          _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                          _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
-                         _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB), _sf(row, P.HSCALE),
+                         _p(row, P.CS, f32), _p(row, P.ROPE, f32), row,
                          W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED, HADAMARD,
                          MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, _tka_part(row, W, TKR, TKA, INDEXER))
     if FUSED and FIRST == 0 and (PFS & PFS_OPROJ) != 0:
@@ -1959,8 +1965,7 @@ def layer_kernel(
                     stage_absorb(pid, anp, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                                  _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                                  _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
-                                 _p(row, P.CS, f32), _p(row, P.ROPE, f32), _sf(row, P.IWA), _sf(row, P.IWB),
-                                 _sf(row, P.HSCALE), W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
+                                 _p(row, P.CS, f32), _p(row, P.ROPE, f32), row, W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
                                  HADAMARD, MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, 2)
             ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
