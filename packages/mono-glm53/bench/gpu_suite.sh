@@ -27,9 +27,16 @@ SEL=${ONLY:-$ALL}
 # the warm step compiles only what the chosen groups launch: the TP8 variants (and the knob
 # sets) for the TP8 groups, TP1's for ref1a/ref1b, the ranks side by side for allred/procs
 # (all of them took 244 s of a 366 s call for three TP1 groups, session 33)
-# the hold groups' tests (test_layer_gpu.HOLD_CASES names), two groups of about equal work
-HOLD0="mla_hold mla_chunk gateup_spans qb_joint_off"
-HOLD1="postnorm_loop postnorm_split mlacomb_vec"
+# the hold groups' HOLD_CASES names (test_layer_gpu.HOLD_GROUPS), read only when one is chosen
+HOLD0=""; HOLD1=""
+case ",$SEL," in *,hold*)
+  HG=$(python3 -c "
+import sys
+sys.path.insert(0, '$T')
+from test_layer_gpu import HOLD_GROUPS
+print('|'.join(' '.join(g) for g in HOLD_GROUPS))")
+  HOLD0=${HG%%|*}; HOLD1=${HG#*|} ;;
+esac
 holdk() {  # HOLD_CASES names -> a -k expression selecting exactly their cases
   local e="" n; for n in "$@"; do e="$e or ${n}__"; done; echo "${e# or }"
 }

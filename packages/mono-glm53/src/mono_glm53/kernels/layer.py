@@ -53,8 +53,8 @@ from mono_glm53.config import GlmLayerShape
 from mono_glm53.kernels.capture_rows import CaptureRows
 
 __all__ = ["Plan", "make_plan", "make_tp_plan", "peer_requests", "GlmLayerKernel", "launch_side_by_side",
-           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs",
-           "folded_handoffs", "KNOBS", "MEASUREMENT_KWARGS"]
+           "cos_sin_cache", "PROGRAMS_PER_SM", "default_nprog", "default_knobs", "folded_handoffs", "KNOBS",
+           "MEASUREMENT_KWARGS"]
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -1965,7 +1965,8 @@ def layer_kernel(
                     stage_absorb(pid, anp, _p(row, P.QB, f32), _p(row, P.WKC, bf16), wkc_s0, wkc_s1, wkc_s2,
                                  _p(row, P.QABS, f32), _p(row, P.IQ, f32), _p(row, P.IQ8, f32),
                                  _p(row, P.IWRAW, f32), _p(row, P.IWT, f32), _p(row, P.POS, i64),
-                                 _p(row, P.CS, f32), _p(row, P.ROPE, f32), row, W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
+                                 _p(row, P.CS, f32), _p(row, P.ROPE, f32), row,
+                                 W, BM, NH, NOPE, RD, KVL, IH, ID, KS3, KSQ, INDEXER, IDX_FUSED,
                                  HADAMARD, MLA_NEOX, IDX_NEOX, GS, HWQ, ABG, 2)
             ok = _tkrow_signals(row, ok, pid, FIRST, LAST, FUSED, CLOCK)
         else:
